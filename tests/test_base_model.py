@@ -1,0 +1,66 @@
+"""The committed tiny-arith base: intact, reproducible, loadable by transformers, peft and vLLM, and
+a real base model (it knows held-out arithmetic that a random init does not)."""
+import torch
+
+from utils.build_base import DEFAULT_RECIPE, build
+from utils.config import from_dict, read_yaml
+from utils.download import verify_base
+from utils.manifest import read_manifest
+from utils.tiny_model import (BOS_ID, PretrainConfig, char_vocab, greedy_accuracy, heldout_prompts,
+                              llama_config)
+
+
+def _recipe() -> PretrainConfig:
+    return from_dict(PretrainConfig, read_yaml(DEFAULT_RECIPE), str(DEFAULT_RECIPE))
+
+
+def test_committed_files_match_their_manifest(base_dir):
+    assert verify_base(base_dir) == []
+    m = read_manifest(base_dir)
+    assert m["recipe"] == from_dict(PretrainConfig, read_yaml(DEFAULT_RECIPE), "recipe").__dict__
+
+
+def test_base_knows_heldout_arithmetic_and_random_init_does_not(base_dir, hf_base):
+    from transformers import LlamaForCausalLM
+
+    cfg = _recipe()
+    items = heldout_prompts(cfg, cfg.eval_size, seed=cfg.seed + 2)  # the manifest's evaluation set
+    acc = greedy_accuracy(hf_base, items)
+    assert acc == read_manifest(base_dir)["metrics"]["heldout_acc"]  # the recorded figure reproduces
+    assert acc >= 0.5, f"base completes only {acc:.0%} of held-out facts"
+    torch.manual_seed(123)
+    random_acc = greedy_accuracy(LlamaForCausalLM(llama_config(cfg)), items)
+    assert random_acc < 0.05 and acc > random_acc + 0.45
+    sample = greedy_accuracy(hf_base, [("12+7=", "19\n")])
+    assert sample in (0.0, 1.0)
+
+
+def test_base_does_not_know_the_agent_protocol(hf_base):
+    vocab = char_vocab()
+    inv = {i: c for c, i in vocab.items()}
+    ids = torch.tensor([[BOS_ID] + [vocab[c] for c in "plan: 12+7-3\n"]])
+    out = hf_base.generate(input_ids=ids, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    text = "".join(inv[int(t)] for t in out[0, ids.shape[1]:])
+    assert "<task>" not in text and "<answer>" not in text
+
+
+def test_recipe_is_reproducible(tmp_path):
+    overrides = {"steps": 6, "eval_size": 8, "batch_size": 8}
+    a = build(DEFAULT_RECIPE, tmp_path / "a", overrides)
+    b = build(DEFAULT_RECIPE, tmp_path / "b", overrides)
+    assert a["files"]["model.safetensors"] == b["files"]["model.safetensors"]
+    assert a["recipe_sha256"] == b["recipe_sha256"]
+    assert not (tmp_path / "a.partial").exists()
+
+
+def test_peft_wraps_the_base(hf_base):
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(copy.deepcopy(hf_base), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    ids = torch.tensor([[BOS_ID, 22, 23, 16, 28, 34]])
+    with torch.no_grad():  # LoRA B starts at zero, so the wrapped model equals the base
+        torch.testing.assert_close(model(input_ids=ids).logits, hf_base(input_ids=ids).logits)

@@ -1,0 +1,87 @@
+"""Config loading: the shipped tiers, strict keys with the nearest valid one, types, overrides."""
+import dataclasses
+
+import pytest
+
+from utils.config import ConfigError, describe
+from utils.run_config import RunConfig, load_run_config
+from utils.config import CONFIG_DIR
+
+
+def test_default_tiers_resolve_to_the_embedded_default():
+    cfg = load_run_config()
+    assert cfg.model.name == "tiny-arith"
+    assert cfg.algorithm.method == "red"
+    assert cfg.data.name == "synthetic_arith"
+    assert cfg.model.engine.memory_share == 0.3
+
+
+@pytest.mark.parametrize("tier,field_name", [("models", "model"), ("algorithms", "algorithm"), ("data", "data")])
+def test_every_shipped_yaml_loads(tier, field_name):
+    files = sorted((CONFIG_DIR / tier).glob("*.yaml"))
+    assert files, f"no configs in {tier}"
+    for path in files:
+        kwargs = {{"models": "model", "algorithms": "algorithm", "data": "data"}[tier]: str(path)}
+        cfg = load_run_config(**kwargs)
+        assert getattr(cfg, field_name) is not None
+
+
+def test_algorithm_tiers_encode_the_ablations():
+    red, fixed, grpo, sft = (load_run_config(algorithm=a).algorithm for a in ("red", "fixed_sft", "grpo", "sft"))
+    assert red.red.G == 5.0 and red.sft.enabled and red.rl.enabled
+    assert fixed.red.G == 1.0 and fixed.sft.enabled and fixed.rl.enabled
+    assert not grpo.sft.enabled and grpo.rl.enabled
+    assert sft.sft.enabled and not sft.rl.enabled
+
+
+def test_unknown_key_in_yaml_names_file_key_and_nearest(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nlora:\n  rnak: 4\n")
+    with pytest.raises(ConfigError) as err:
+        load_run_config(model=str(bad))
+    msg = str(err.value)
+    assert str(bad) in msg and "'rnak'" in msg and "did you mean 'rank'" in msg
+
+
+def test_unknown_override_names_the_nearest_key():
+    with pytest.raises(ConfigError, match=r"unknown key 'GG' under algorithm.red; did you mean 'G'"):
+        load_run_config(overrides=["algorithm.red.GG=3"])
+    with pytest.raises(ConfigError, match=r"did you mean 'seed'"):
+        load_run_config(overrides=["sede=3"])
+
+
+def test_overrides_are_typed_and_applied_last():
+    cfg = load_run_config(overrides=["algorithm.red.G=3", "model.lora.target_modules=[q_proj]", "seed=7"])
+    assert cfg.algorithm.red.G == 3.0 and isinstance(cfg.algorithm.red.G, float)
+    assert cfg.model.lora.target_modules == ["q_proj"]
+    assert cfg.seed == 7
+
+
+def test_wrong_type_names_expected_and_got():
+    with pytest.raises(ConfigError, match=r"config.model.lora.rank: expected int, got str 'eight'"):
+        load_run_config(overrides=["model.lora.rank=eight"])
+    with pytest.raises(ConfigError, match=r"expected float, got bool"):
+        load_run_config(overrides=["algorithm.red.G=true"])
+
+
+def test_unknown_tier_name_lists_valid_ones():
+    with pytest.raises(ConfigError, match=r"no models config named 'tiny-arth'; did you mean 'tiny-arith'"):
+        load_run_config(model="tiny-arth")
+
+
+def test_run_level_yaml_merges_deeply(tmp_path):
+    run = tmp_path / "run.yaml"
+    run.write_text("run_id: run_042\nmodel:\n  lora:\n    rank: 4\n")
+    cfg = load_run_config(run=str(run))
+    assert cfg.run_id == "run_042"
+    assert cfg.model.lora.rank == 4
+    assert cfg.model.lora.alpha == 16  # untouched sibling survives the merge
+
+
+def test_describe_lists_every_leaf_with_help():
+    lines = describe(RunConfig)
+    assert any(line.strip().startswith("algorithm.red.G = 5.0:") for line in lines)
+    n_leaves = sum(1 for line in lines if "=" in line)
+    assert n_leaves >= 60
+    for f in dataclasses.fields(RunConfig):
+        assert f.metadata.get("help"), f"{f.name} has no help"

@@ -1,0 +1,143 @@
+"""Manifests: deterministic bytes apart from times, atomic writes, honest status on failure or kill."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from utils import manifest as mf
+from utils.config import ROOT
+from utils.manifest import VOLATILE_KEYS, StageRun, atomic_write_json, manifest_digest, path_sha256, read_manifest
+
+
+def _run_stage(out_dir, inp, config):
+    with StageRun("01_demo", out_dir, config, seed=3) as run:
+        run.add_input(inp)
+        (out_dir / "rows.jsonl").write_text(inp.read_text().upper())
+        run.add_output(out_dir / "rows.jsonl")
+        run.metrics["n_rows"] = 2
+    return (out_dir / "manifest.json").read_bytes()
+
+
+def _strip_times(raw: bytes) -> list[str]:
+    return [line for line in raw.decode().splitlines() if not any(f'"{k}"' in line for k in VOLATILE_KEYS)]
+
+
+def test_same_stage_twice_gives_identical_manifest_apart_from_times(tmp_path):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"a": 1}\n{"a": 2}\n')
+    out = tmp_path / "stage"
+    first = _run_stage(out, inp, {"b": 2, "a": [1, 2]})
+    time.sleep(0.01)
+    second = _run_stage(out, inp, {"a": [1, 2], "b": 2})  # key order must not matter
+    assert first != second  # the times differ...
+    assert _strip_times(first) == _strip_times(second)  # ...and nothing else does
+    data = json.loads(second)
+    assert set(VOLATILE_KEYS) <= set(data)
+    assert data["status"] == "completed"
+    assert data["config_sha256"] == mf.config_sha256({"a": [1, 2], "b": 2})
+    assert data["inputs"] == {str(inp.resolve()): path_sha256(inp)}
+    assert data["metrics"] == {"n_rows": 2}
+    for key in ("git", "versions", "device", "seed", "parents", "outputs"):
+        assert key in data
+    assert list(data) == sorted(data)  # sorted keys, so diffs line up
+
+
+def test_changed_input_changes_manifest_and_digest(tmp_path):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("x\n")
+    out = tmp_path / "stage"
+    d1 = manifest_digest(json.loads(_run_stage(out, inp, {"a": 1})))
+    inp.write_text("y\n")
+    d2 = manifest_digest(json.loads(_run_stage(out, inp, {"a": 1})))
+    assert d1 != d2
+
+
+def test_paths_inside_the_repo_are_stored_relative():
+    assert mf.rel(ROOT / "configs" / "data") == "configs/data"
+
+
+def test_directory_hash_covers_names_and_contents(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.bin").write_bytes(b"1")
+    h1 = path_sha256(tmp_path / "d")
+    (tmp_path / "d" / "a.bin").write_bytes(b"2")
+    h2 = path_sha256(tmp_path / "d")
+    (tmp_path / "d" / "a.bin").rename(tmp_path / "d" / "b.bin")
+    h3 = path_sha256(tmp_path / "d")
+    assert len({h1, h2, h3}) == 3
+
+
+def test_failed_stage_records_failure_and_reraises(tmp_path):
+    with pytest.raises(ZeroDivisionError):
+        with StageRun("02_demo", tmp_path, {"a": 1}):
+            1 / 0
+    data = read_manifest(tmp_path)
+    assert data["status"] == "failed"
+    assert "ZeroDivisionError" in data["error"]
+
+
+def test_interrupted_write_keeps_the_previous_manifest(tmp_path, monkeypatch):
+    path = tmp_path / "manifest.json"
+    atomic_write_json(path, {"status": "completed", "n": 1})
+
+    def boom(*_a, **_k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        atomic_write_json(path, {"status": "completed", "n": 2})
+    assert json.loads(path.read_text()) == {"n": 1, "status": "completed"}
+    assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]  # no temp file left behind
+
+
+def test_sigkilled_stage_never_claims_success(tmp_path):
+    """A stage killed mid-run leaves a manifest that says 'running', never 'completed'."""
+    # First a completed run, so a stale success exists that must not survive the re-run.
+    with StageRun("03_demo", tmp_path, {"a": 1}):
+        pass
+    assert read_manifest(tmp_path)["status"] == "completed"
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from utils.manifest import StageRun
+        with StageRun("03_demo", {str(tmp_path)!r}, {{"a": 1}}):
+            print("started", flush=True)
+            time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "started"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    data = read_manifest(tmp_path)
+    assert data["status"] == "running"
+    assert "finished_at" not in data
+
+
+def test_parent_must_be_completed(tmp_path):
+    parent, child = tmp_path / "p", tmp_path / "c"
+    with pytest.raises(RuntimeError):
+        with StageRun("00_p", parent, {}):
+            raise RuntimeError("parent failed")
+    with pytest.raises(RuntimeError, match=r"parent stage '00_p' has status 'failed', expected 'completed'"):
+        with StageRun("01_c", child, {}) as run:
+            run.add_parent(parent)
+
+
+def test_parent_digest_ignores_times(tmp_path):
+    parent = tmp_path / "p"
+    digests = []
+    for _ in range(2):
+        with StageRun("00_p", parent, {"k": 1}):
+            pass
+        digests.append(manifest_digest(read_manifest(parent)))
+    assert digests[0] == digests[1]
+
+
+def test_missing_manifest_error_names_the_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "manifest.json")):
+        read_manifest(tmp_path)

@@ -1,0 +1,121 @@
+"""Arithmetic text shared by the tiny base model's pretraining corpus and the synthetic task.
+
+Two consumers, one source of truth:
+- `pretrain_line` makes *raw* arithmetic text ("12+7=19", "what is 12+7? 19") for pretraining
+  `tiny-arith`. It never contains the agent protocol's tags, so the pretrained model is a base
+  model that knows arithmetic but not how to be a planner or an executor.
+- `make_problem` makes a multi-step problem with its gold decomposition into one-operation
+  subtasks, for the `synthetic_arith` dataset.
+
+Held-out pairs: `is_heldout(a, op, b)` marks a fixed ~10% of operand pairs that pretraining never
+shows, so the base model's accuracy on them measures arithmetic it learned, not memorised.
+All randomness comes from a `random.Random` the caller seeds.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+OPS = ("+", "-", "*")
+_WORDS = {"+": "plus", "-": "minus", "*": "times"}
+
+
+def apply_op(a: int, op: str, b: int) -> int:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    raise ValueError(f"unknown operator {op!r}; valid: {', '.join(OPS)}")
+
+
+def is_heldout(a: int, op: str, b: int, percent: int = 10) -> bool:
+    """True for a fixed `percent`% of (a, op, b) triples, chosen by hash (stable across runs)."""
+    digest = hashlib.sha256(f"{a}{op}{b}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % 100 < percent
+
+
+@dataclass(frozen=True)
+class OperandRange:
+    """Operand bounds for one-step facts. `*` uses a small right operand to stay learnable."""
+
+    left_max: int = 199
+    right_max: int = 99
+    mul_right_max: int = 9
+
+
+def sample_fact(rng: random.Random, ops: tuple[str, ...], rng_bounds: OperandRange,
+                heldout: bool | None) -> tuple[int, str, int]:
+    """Draw (a, op, b). heldout=False excludes held-out triples, True draws only them, None both."""
+    while True:
+        op = rng.choice(ops)
+        a = rng.randint(0, rng_bounds.left_max)
+        b = rng.randint(0, rng_bounds.mul_right_max if op == "*" else rng_bounds.right_max)
+        if heldout is None or is_heldout(a, op, b) == heldout:
+            return a, op, b
+
+
+def pretrain_line(rng: random.Random, ops: tuple[str, ...], bounds: OperandRange) -> str:
+    """One line of raw arithmetic text, in one of several surface forms (never held-out facts).
+
+    The word forms teach the letters the prompts use; a share of two-step lines gives the base a
+    weak ability to answer multi-step sums directly, as a real pretrained model has.
+    """
+    a, op, b = sample_fact(rng, ops, bounds, heldout=False)
+    c = apply_op(a, op, b)
+    form = rng.randrange(6)
+    if form == 0:
+        return f"{a} {op} {b} = {c}"
+    if form == 1:
+        return f"what is {a}{op}{b}? {c}"
+    if form == 2:
+        return f"{a} {_WORDS[op]} {b} is {c}"
+    if form == 3:
+        op2 = rng.choice([o for o in ops if o != "*"] or list(ops))
+        d = rng.randint(0, bounds.right_max)
+        if is_heldout(c, op2, d):
+            return f"{a}{op}{b}={c}"
+        return f"{a}{op}{b}={c}, {c}{op2}{d}={apply_op(c, op2, d)}"
+    return f"{a}{op}{b}={c}"
+
+
+def pretrain_text(seed: int, n_lines: int, ops: tuple[str, ...], bounds: OperandRange) -> str:
+    rng = random.Random(seed)
+    return "\n".join(pretrain_line(rng, ops, bounds) for _ in range(n_lines)) + "\n"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A multi-step problem: `question` is an expression evaluated left to right; `steps` are the
+    gold subtasks ("12+7", "19+30") with their results, the last of which is the answer."""
+
+    question: str
+    steps: tuple[tuple[str, int], ...]
+    answer: int
+
+
+def make_problem(rng: random.Random, n_steps: int, ops: tuple[str, ...], operand_max: int,
+                 value_max: int) -> Problem:
+    """Draw a chain of `n_steps` one-operation subtasks whose running value stays in [0, value_max].
+
+    Parentheses are added where `*` follows `+`/`-`, so ordinary precedence gives the chain's order.
+    """
+    if n_steps < 1:
+        raise ValueError(f"n_steps must be >= 1, got {n_steps}")
+    value = rng.randint(1, operand_max)
+    expr, last_low = str(value), False
+    steps: list[tuple[str, int]] = []
+    while len(steps) < n_steps:
+        op = rng.choice(ops)
+        b = rng.randint(2, 9) if op == "*" else rng.randint(1, operand_max)
+        nxt = apply_op(value, op, b)
+        if not 0 <= nxt <= value_max:
+            continue
+        if op == "*" and last_low:
+            expr = f"({expr})"
+        expr = f"{expr}{op}{b}"
+        steps.append((f"{value}{op}{b}", nxt))
+        value, last_low = nxt, op in "+-"
+    return Problem(question=expr, steps=tuple(steps), answer=value)

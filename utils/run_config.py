@@ -1,0 +1,159 @@
+"""The run config's schema: model, algorithm and data tiers, plus run-level fields.
+
+Each field's `help` is what `--help` prints. Later stages add fields here, never constants in
+their scripts (STYLE.md §2). `load_run_config` assembles the tiers and the overrides.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from utils.config import (ROOT, apply_overrides, deep_merge, field, from_dict, read_yaml, tier_path,
+                          to_dict)
+
+
+@dataclass
+class LoraConfig:
+    rank: int = field(8, "LoRA rank r.")
+    alpha: int = field(16, "LoRA alpha (scaling = alpha / rank).")
+    dropout: float = field(0.0, "LoRA dropout.")
+    target_modules: list[str] = field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                      "Module names that get LoRA adapters.")
+    full_finetune: bool = field(False, "Train all weights instead of LoRA adapters.")
+
+
+@dataclass
+class EngineConfig:
+    name: str = field("vllm", "Sampling engine: vllm | hf.")
+    dtype: str = field("float32", "Engine dtype. fp32 makes vLLM and the trainer agree to ~1e-6 on CPU.")
+    max_model_len: int = field(512, "Longest context (prompt + generation) the engine accepts.")
+    memory_share: float = field(0.3, "vLLM gpu_memory_utilization: on CPU the share of RAM for the KV cache "
+                                     "(0.92 fails to start on a 24 GiB box; 0.3 works).")
+    max_lora_rank: int = field(16, "Largest LoRA rank the vLLM engine must serve.")
+    max_loras: int = field(2, "LoRA adapters vLLM keeps loaded at once (old and new policy).")
+    max_num_seqs: int = field(256, "Sequences vLLM batches at once.")
+    enable_sleep_mode: bool = field(False, "GPU only: let vLLM free its memory while the trainer runs. Untested here.")
+    enforce_eager: bool = field(True, "Skip CUDA graph capture (no effect on CPU).")
+
+
+@dataclass
+class TemplatesConfig:
+    planner: str = field("plan: {question}\n", "Planner prompt; {question} is replaced.")
+    executor: str = field("solve: {task}\n", "Executor prompt; {task} is replaced by the subtask.")
+    result: str = field("<result>{result}</result>\n", "Text injected into the planner context after a subtask.")
+    use_chat_template: bool = field(False, "Wrap prompts with the tokenizer's chat template (real chat models).")
+
+
+@dataclass
+class ModelConfig:
+    name: str = field("tiny-arith", "Short name, used in output paths and reports.")
+    path: str = field("artifacts/tiny-arith", "Local directory (relative to the repo) or hub id of the base model.")
+    dtype: str = field("float32", "Trainer dtype: float32 | bfloat16 | float16.")
+    max_new_tokens_planner: int = field(48, "Generation budget per planner turn.")
+    max_new_tokens_executor: int = field(48, "Generation budget per executor call.")
+    lora: LoraConfig = field(LoraConfig(), "LoRA settings.")
+    engine: EngineConfig = field(EngineConfig(), "Sampling-engine settings.")
+    templates: TemplatesConfig = field(TemplatesConfig(), "Prompt templates; the tag protocol is the same everywhere.")
+
+
+@dataclass
+class SftConfig:
+    enabled: bool = field(True, "Add the SFT cross-entropy term to the RL loss.")
+    loss_coef: float = field(0.1, "alpha: base weight of the SFT term.")
+    batch_size: int = field(16, "SFT examples per optimizer step.")
+
+
+@dataclass
+class RedConfig:
+    G: float = field(5.0, "Upper bound of the entropy weight and base of the accuracy factor; G=1 disables RED.")
+    sft_entropy_ema_decay: float = field(0.99, "EMA decay of the SFT entropy.")
+    rl_entropy_ema_decay: float = field(0.99, "EMA decay of the RL entropy.")
+    accuracy_aware_policy_shift: bool = field(True, "RED Part 2: multiply by G^(1-2*acc).")
+    weight_min: float = field(0.0, "Lower clamp of the final SFT weight.")
+    weight_max: float = field(25.0, "Upper clamp of the final SFT weight (G^2 for G=5).")
+
+
+@dataclass
+class RlConfig:
+    enabled: bool = field(True, "Run GRPO; false gives SFT only.")
+    steps: int = field(30, "Optimizer steps.")
+    questions_per_step: int = field(8, "Questions per rollout batch.")
+    n_samples: int = field(4, "Samples per question (GRPO group size).")
+    max_turns: int = field(4, "Planner turns before the episode is forced to end.")
+    temperature: float = field(1.0, "Rollout sampling temperature.")
+    lr: float = field(5e-4, "Learning rate.")
+    clip_low: float = field(0.2, "PPO clip below 1.")
+    clip_high: float = field(0.28, "PPO clip above 1 (clip-higher, as in DAPO).")
+    loss_agg: str = field("token-mean", "token-mean | seq-mean-token-mean | seq-mean-token-sum-norm.")
+    adv_scaling: str = field("group", "Advantage std scaling: group | batch | none (Dr. GRPO).")
+    kl_coef: float = field(0.0, "k3 KL coefficient to the adapter-disabled base.")
+    entropy_coef: float = field(0.0, "beta: entropy bonus.")
+    ppo_epochs: int = field(1, "Optimizer passes per rollout batch.")
+    save_freq: int = field(10, "Checkpoint every N steps.")
+    keep_last: int = field(2, "Checkpoints kept.")
+    dump_freq: int = field(10, "Dump episodes every N steps.")
+
+
+@dataclass
+class AlgorithmConfig:
+    method: str = field("red", "red | fixed_sft | grpo | sft.")
+    rl: RlConfig = field(RlConfig(), "GRPO settings.")
+    sft: SftConfig = field(SftConfig(), "SFT co-training settings.")
+    red: RedConfig = field(RedConfig(), "RED weighting settings.")
+
+
+@dataclass
+class DataConfig:
+    name: str = field("synthetic_arith", "Dataset adapter name.")
+    path: str = field("data/synthetic_arith", "Local directory of the dataset's native files.")
+    scorer: str = field("numeric", "Answer scorer: em | f1 | cem | numeric.")
+    seed: int = field(1234, "Seed of the synthetic generator; fixed apart from the run seed, so every "
+                            "run and seed is scored on the same test items (synthetic only).")
+    n_train: int = field(2000, "Training questions (synthetic only).")
+    n_val: int = field(100, "Validation questions (synthetic only).")
+    n_test: int = field(200, "Test questions (synthetic only).")
+    min_steps: int = field(2, "Fewest subtasks per problem (synthetic only).")
+    max_steps: int = field(3, "Most subtasks per problem (synthetic only).")
+    ops: list[str] = field(["+", "-"], "Operators (synthetic only).")
+    operand_max: int = field(50, "Largest operand (synthetic only).")
+    value_max: int = field(199, "Largest running value (synthetic only).")
+
+
+@dataclass
+class RunConfig:
+    run_id: str = field("run_001", "Outputs go to outputs/<run_id>/.")
+    seed: int = field(1, "Seed for every random choice in the run.")
+    outputs_dir: str = field("outputs", "Root of all run outputs (relative to the repo).")
+    device: str = field("auto", "auto | cpu | cuda.")
+    threads: int = field(0, "torch CPU threads; 0 keeps torch's default.")
+    wandb_mode: str = field("auto", "auto (offline unless WANDB_API_KEY is set) | online | offline | disabled.")
+    model: ModelConfig = field(ModelConfig(), "Model tier (configs/models/).")
+    algorithm: AlgorithmConfig = field(AlgorithmConfig(), "Algorithm tier (configs/algorithms/).")
+    data: DataConfig = field(DataConfig(), "Data tier (configs/data/).")
+
+
+def load_run_config(model: str = "tiny-arith", algorithm: str = "red", data: str = "synthetic_arith",
+                    overrides: list[str] | None = None, run: str | None = None) -> RunConfig:
+    """Assemble the tiers, then the optional run-level YAML, then the overrides."""
+    tree: dict = {}
+    for key, tier, name in (("model", "models", model), ("algorithm", "algorithms", algorithm),
+                            ("data", "data", data)):
+        path = tier_path(tier, name)
+        tree[key] = read_yaml(path)
+        from_dict(type(getattr(RunConfig(), key)), tree[key], str(path))  # fail early, naming the file
+    if run:
+        run_tree = read_yaml(Path(run))
+        from_dict(RunConfig, run_tree, run)
+        tree = deep_merge(tree, run_tree)
+    apply_overrides(tree, overrides or [], RunConfig)
+    return from_dict(RunConfig, tree, "config")
+
+
+def resolved(cfg: RunConfig) -> dict:
+    return to_dict(cfg)
+
+
+def repo_path(p: str) -> Path:
+    """Resolve a config path relative to the repo root (absolute paths pass through)."""
+    path = Path(p)
+    return path if path.is_absolute() else ROOT / path
