@@ -1,10 +1,46 @@
-"""00_check_data: Validate raw data: schema, ids, empty fields, unparseable answers, leakage.
+"""00_check_data: validate the raw dataset before anything is built from it.
 
-Not implemented yet (issue #3); it exits with status 2 and writes nothing.
+Reads the native files of `data.name` under `data.path` through its adapter and checks schema and
+types, empty or duplicate ids, empty questions or answers, gold answers the scorer cannot parse,
+and leakage between splits. Writes outputs/<run_id>/00_check_data/{summary.json, manifest.json}.
+Hard errors exit 1 (the manifest says 'failed'); warnings are listed in the summary and manifest.
 """
 import sys
 
-from utils.cli import not_implemented
+from utils.cli import parse_stage_args
+from utils.data_checks import check_dataset, summarize
+from utils.manifest import StageRun, atomic_write_json
+from utils.run_config import repo_path
+from utils.stages import StageError, config_slice, run_main, stage_dir
+
+STAGE = "00_check_data"
+CONFIG_KEYS = ("data",)
+
+
+def main(argv=None) -> int:
+    cfg, _ = parse_stage_args(__doc__, argv)
+    out = stage_dir(cfg, STAGE)
+    root = repo_path(cfg.data.path)
+    with StageRun(STAGE, out, config_slice(cfg, CONFIG_KEYS), cfg.seed) as run:
+        rep = check_dataset(cfg.data.name, root, cfg.data.scorer)
+        for path in rep.files.values():
+            run.add_input(path)
+        summary = summarize(rep)
+        atomic_write_json(out / "summary.json", summary)
+        run.add_output(out / "summary.json")
+        run.warnings.extend(rep.warnings)
+        run.metrics.update({f"rows_{s}": v["rows"] for s, v in summary["splits"].items()})
+        run.metrics.update(errors=len(rep.errors), warnings=len(rep.warnings))
+        for w in rep.warnings[:10]:
+            print(f"warning: {w}", file=sys.stderr)
+        if not rep.ok:
+            shown = "\n  ".join(rep.errors[:20])
+            more = f"\n  ... and {len(rep.errors) - 20} more (see {out / 'summary.json'})" if len(rep.errors) > 20 else ""
+            raise StageError(f"{len(rep.errors)} data error(s):\n  {shown}{more}")
+    rows = ", ".join(f"{s} {v['rows']}" for s, v in summary["splits"].items())
+    print(f"{STAGE}: ok ({cfg.data.name}: {rows}; {len(rep.warnings)} warning(s)) -> {out}")
+    return 0
+
 
 if __name__ == "__main__":
-    sys.exit(not_implemented("00_check_data", "issue #3"))
+    sys.exit(run_main(STAGE, main))

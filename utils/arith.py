@@ -41,7 +41,7 @@ def is_heldout(a: int, op: str, b: int, percent: int = 10) -> bool:
 class OperandRange:
     """Operand bounds for one-step facts. `*` uses a small right operand to stay learnable."""
 
-    left_max: int = 199
+    left_max: int = 99
     right_max: int = 99
     mul_right_max: int = 9
 

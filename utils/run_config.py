@@ -109,14 +109,37 @@ class DataConfig:
     scorer: str = field("numeric", "Answer scorer: em | f1 | cem | numeric.")
     seed: int = field(1234, "Seed of the synthetic generator; fixed apart from the run seed, so every "
                             "run and seed is scored on the same test items (synthetic only).")
-    n_train: int = field(2000, "Training questions (synthetic only).")
-    n_val: int = field(100, "Validation questions (synthetic only).")
-    n_test: int = field(200, "Test questions (synthetic only).")
+    n_train: int = field(2000, "Synthetic: questions to generate. Real data: cap on train rows (0 = all).")
+    n_val: int = field(100, "Synthetic: questions to generate. Real data: cap, or rows carved from train "
+                            "when the source has no val split.")
+    n_test: int = field(200, "Synthetic: questions to generate. Real data: cap, or rows carved when the "
+                             "source has no test split.")
+    on_leakage: str = field("drop_from_train", "A test question also in train: drop_from_train | warn | error.")
     min_steps: int = field(2, "Fewest subtasks per problem (synthetic only).")
     max_steps: int = field(3, "Most subtasks per problem (synthetic only).")
     ops: list[str] = field(["+", "-"], "Operators (synthetic only).")
     operand_max: int = field(50, "Largest operand (synthetic only).")
-    value_max: int = field(199, "Largest running value (synthetic only).")
+    value_max: int = field(99, "Largest running value (synthetic only).")
+
+
+@dataclass
+class JudgeConfig:
+    enabled: bool = field(False, "Score answers with an LLM judge behind an OpenAI-compatible endpoint.")
+    base_url: str = field("http://127.0.0.1:8000/v1", "Endpoint base URL, e.g. a `vllm serve` judge.")
+    model: str = field("judge", "Model name the endpoint serves.")
+    timeout: float = field(30.0, "Seconds per request.")
+    api_key_env: str = field("OPENAI_API_KEY", "Environment variable holding the API key, if any.")
+
+
+@dataclass
+class RewardConfig:
+    answer_scale: float = field(6.0, "Composite: answer_scale*score + answer_shift + format_weight*format.")
+    answer_shift: float = field(-3.0, "Composite shift (seed default -3).")
+    format_weight: float = field(0.1, "Weight of the graduated format score (seed default 0.1).")
+    efficiency_weight: float = field(0.0, "Penalty per unit of token overrun past efficiency_budget (0 = off).")
+    efficiency_budget: int = field(256, "Generated tokens per episode before the efficiency penalty starts.")
+    numeric_rel_tol: float = field(1e-4, "Relative tolerance of the numeric scorer.")
+    judge: JudgeConfig = field(JudgeConfig(), "Optional LLM judge (replaces the scorer when enabled).")
 
 
 @dataclass
@@ -130,6 +153,7 @@ class RunConfig:
     model: ModelConfig = field(ModelConfig(), "Model tier (configs/models/).")
     algorithm: AlgorithmConfig = field(AlgorithmConfig(), "Algorithm tier (configs/algorithms/).")
     data: DataConfig = field(DataConfig(), "Data tier (configs/data/).")
+    reward: RewardConfig = field(RewardConfig(), "Reward spec written by 02_build_rewards.")
 
 
 def load_run_config(model: str = "tiny-arith", algorithm: str = "red", data: str = "synthetic_arith",

@@ -68,7 +68,7 @@ class PretrainConfig:
     warmup_steps: int = field(100, "Linear warmup steps.")
     weight_decay: float = field(0.01, "AdamW weight decay.")
     ops: list[str] = field(["+", "-"], "Operators in the corpus.")
-    left_max: int = field(199, "Largest left operand.")
+    left_max: int = field(99, "Largest left operand.")
     right_max: int = field(99, "Largest right operand.")
     mul_right_max: int = field(9, "Largest right operand of '*'.")
     eval_size: int = field(300, "Held-out facts scored at the end (never seen in pretraining).")

@@ -1,0 +1,89 @@
+"""Reward functions: hand-computed cases, robustness to garbage, the judge's parsing and errors."""
+import math
+
+import pytest
+
+from utils.judge import JudgeUnreachable, check_judge, judge_score, parse_judge_score
+from utils.reward_cases import CASES, run_cases
+from utils.reward_spec import RewardSpec, score_answer
+from utils.rewards import (RewardWeights, composite, extract_tag, format_score, normalize_answer, parse_number,
+                           score_f1)
+from utils.run_config import JudgeConfig
+
+
+def test_every_hand_computed_case_passes():
+    failed = [r for r in run_cases(RewardWeights()) if not r["passed"]]
+    assert not failed, failed
+    assert len(CASES) >= 25
+
+
+def test_a_wrong_expectation_is_reported_as_failed():
+    bad = [{"fn": "em", "pred": "a", "golds": ["b"], "expected": 1.0}]
+    assert run_cases(RewardWeights(), bad)[0]["passed"] is False
+
+
+@pytest.mark.parametrize("text,value", [("1,234", 1234.0), ("$5", 5.0), ("12%", 12.0), ("-3.50", -3.5),
+                                        ("costs $ 2,500.75 total", 2500.75), ("3.2e3", 3200.0), (".5", 0.5),
+                                        ("x", None), ("", None), ("1/0", None)])
+def test_parse_number(text, value):
+    assert parse_number(text) == value
+
+
+def test_squad_normalisation():
+    assert normalize_answer("  The  Quick, brown FOX!! ") == "quick brown fox"
+    assert normalize_answer("an apple a day") == "apple day"
+
+
+def test_f1_partial_credit_by_hand():
+    # pred [cat, sat, mat] vs gold [cat, mat]: P = 2/3, R = 1, F1 = 0.8
+    assert math.isclose(score_f1("the cat sat on a mat", ["cat mat"])[0], 2 * (2 / 4) * 1 / (2 / 4 + 1))
+
+
+GARBAGE = ["", "<answer>", "<answer><answer></answer>", "</think><think>", "\x00\x01\ufffd" * 50,
+           "<task>" * 5000, "9" * 100_000, "<think>" + "x" * 100_000, "<answer>\ud800</answer>", None]
+
+
+@pytest.mark.parametrize("text", GARBAGE)
+def test_rewards_never_raise_on_garbage(text):
+    for role in ("planner", "executor"):
+        value, comps = format_score(text, role)
+        assert 0.0 <= value <= 1.0 and set(comps) == {"think", "action"}
+    value, comps = composite("numeric", text, ["5"], 0.3, 10, RewardWeights())
+    assert math.isfinite(value) and comps["answer"] in (0.0, 1.0)
+    for scorer in ("em", "f1", "cem"):
+        assert math.isfinite(composite(scorer, text, ["x"], 0.0, 0, RewardWeights())[0])
+    extract_tag(text, "answer")
+
+
+def test_composite_efficiency_term():
+    w = RewardWeights(efficiency_weight=1.0, efficiency_budget=100)
+    inside = composite("numeric", "5", ["5"], 1.0, 100, w)
+    over = composite("numeric", "5", ["5"], 1.0, 150, w)
+    assert inside[0] == pytest.approx(3.1)
+    assert over[0] == pytest.approx(3.1 - 0.5) and over[1]["efficiency_overrun"] == pytest.approx(0.5)
+
+
+def test_non_finite_format_counts_as_zero():
+    assert composite("numeric", "5", ["5"], float("nan"), 0, RewardWeights())[1]["format"] == 0.0
+
+
+def test_unknown_scorer_is_a_config_error():
+    with pytest.raises(KeyError, match="valid: cem, em, f1, numeric"):
+        composite("bleu", "x", ["x"], 0, 0, RewardWeights())
+
+
+@pytest.mark.parametrize("reply,score", [("8", 0.8), ("Score: 10/10", 1.0), ("0", 0.0), ("I think 7.", 0.7),
+                                         ("great answer", None), ("42", None)])
+def test_judge_reply_parsing(reply, score):
+    assert parse_judge_score(reply) == score
+
+
+def test_enabled_judge_that_is_unreachable_fails_clearly():
+    cfg = JudgeConfig(enabled=True, base_url="http://127.0.0.1:9/v1", timeout=5)
+    with pytest.raises(JudgeUnreachable, match=r"reward.judge is enabled but http://127.0.0.1:9/v1 is unreachable"):
+        check_judge(cfg)
+    value, comps = judge_score(cfg, "q", "a", ["a"])  # per-item scoring never raises
+    assert value == 0.0 and comps["judge_error"]
+    spec = RewardSpec(judge=cfg)
+    value, comps = score_answer(spec, "q", "a", ["a"], 1.0, 10)
+    assert value == pytest.approx(-3 + 0.1) and comps["answer"] == 0.0

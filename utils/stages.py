@@ -1,0 +1,86 @@
+"""What every numbered stage shares: its directory, its config slice, its parents, its exit codes.
+
+A stage's manifest hashes only the config keys the stage reads (`config_slice`), so changing one
+value re-runs exactly the stages downstream of it (DESIGN.md §1, the `dvc repro` behaviour).
+`run_main` turns user-facing errors into one clear line on stderr and exit code 1.
+"""
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from utils.config import ConfigError, to_dict
+from utils.manifest import MANIFEST_NAME, StageRun, read_manifest
+from utils.run_config import RunConfig, repo_path
+
+STAGES = ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces",
+          "04_sft_warmup", "05_train_red_grpo", "06_ablate_grpo_only", "07_evaluate", "08_compare_runs")
+
+
+class StageError(RuntimeError):
+    """A failure the user can act on; printed without a traceback."""
+
+
+def run_dir(cfg: RunConfig) -> Path:
+    return repo_path(cfg.outputs_dir) / cfg.run_id
+
+
+def stage_dir(cfg: RunConfig, stage: str) -> Path:
+    return run_dir(cfg) / stage
+
+
+def config_slice(cfg: RunConfig, keys: tuple[str, ...]) -> dict:
+    """The resolved config restricted to dotted `keys` (e.g. "data", "model.templates")."""
+    full, out = to_dict(cfg), {}
+    for key in keys:
+        src, dst = full, out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            src = src[part]
+            dst = dst.setdefault(part, {})
+        dst[parts[-1]] = src[parts[-1]]
+    return out
+
+
+def parent(run: StageRun, cfg: RunConfig, stage: str) -> tuple[Path, dict]:
+    """The parent stage's directory and manifest, recorded in `run`; clear error if it has not run."""
+    d = stage_dir(cfg, stage)
+    if not (d / MANIFEST_NAME).is_file():
+        raise StageError(f"{d / MANIFEST_NAME} not found: run {stage}.py (or 09_driver.py) for run "
+                         f"'{cfg.run_id}' first")
+    try:
+        return d, run.add_parent(d)
+    except RuntimeError as exc:
+        raise StageError(str(exc)) from None
+
+
+def output_path(manifest: dict, suffix: str) -> Path:
+    """The parent output whose repo-relative path ends with `suffix` (found via the manifest)."""
+    hits = [p for p in manifest["outputs"] if p.endswith(suffix)]
+    if len(hits) != 1:
+        raise StageError(f"manifest of {manifest['stage']} lists {len(hits)} outputs ending in '{suffix}', expected 1")
+    return repo_path(hits[0])
+
+
+def run_main(stage: str, fn: Callable[[], int | None]) -> int:
+    """Run a stage's main; user errors become one line on stderr and exit code 1."""
+    from utils.data_adapters import DataError
+    from utils.prompts import TemplateError
+
+    try:
+        return fn() or 0
+    except (StageError, ConfigError, DataError, TemplateError, FileNotFoundError) as exc:
+        print(f"{stage}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{stage}: interrupted; its manifest says 'failed'", file=sys.stderr)
+        return 130
+    except Exception:  # noqa: BLE001 - unexpected: keep the traceback
+        traceback.print_exc()
+        return 1
+
+
+def read_parent_manifest(cfg: RunConfig, stage: str) -> dict:
+    return read_manifest(stage_dir(cfg, stage))
