@@ -1,10 +1,94 @@
-"""03_generate_sft_traces: Write planner/executor SFT traces (gold, solution or teacher).
+"""03_generate_sft_traces: write sft_traces.jsonl, complete planner/executor episodes for SFT.
 
-Not implemented yet (issue #5); it exits with status 2 and writes nothing.
+Sources (traces.source): `gold` (the task's own decomposition, the default for synthetic_arith),
+`solution` (a worked solution's "expr = number" lines become subtasks and results, e.g. GSM8K),
+`teacher` (episodes sampled from a teacher through the rollout engine, kept only when the reward
+spec judges the final answer correct: rejection sampling, with the acceptance rate reported).
+Each trace is split into per-role examples of exact token ids with loss masks, in the same
+protocol and templates the rollouts use. Also writes stats.json.
 """
+import json
 import sys
 
-from utils.cli import not_implemented
+from tqdm import tqdm
+
+from utils.cli import parse_stage_args
+from utils.manifest import StageRun, atomic_write_json, atomic_write_text
+from utils.reward_spec import read_spec, score_answer
+from utils.rollout import Codec, Rollout, RolloutSpec
+from utils.run_config import repo_path
+from utils.stages import StageError, config_slice, model_dir, output_path, parent, run_main, stage_dir
+from utils.trace_stats import trace_stats
+from utils.traces import examples_from_trace, trace_from_episode, trace_from_row, trace_record
+
+STAGE = "03_generate_sft_traces"
+CONFIG_KEYS = ("traces", "model.path", "model.templates", "model.engine", "model.max_new_tokens_planner",
+               "model.max_new_tokens_executor", "algorithm.rl.max_turns", "seed")
+
+
+def _teacher(cfg, rows, spec, codec):
+    from utils.engines import make_engine
+
+    path = model_dir(cfg, cfg.traces.teacher_path or None)
+    engine = make_engine(cfg.model.engine.name, path, cfg.model.engine, seed=cfg.seed)
+    engine.set_adapter(repo_path(cfg.traces.teacher_adapter) if cfg.traces.teacher_adapter else None)
+    ro = Rollout(engine, codec, RolloutSpec(cfg.algorithm.rl.max_turns, cfg.model.max_new_tokens_planner,
+                                            cfg.model.max_new_tokens_executor, cfg.traces.teacher_temperature,
+                                            max_model_len=cfg.model.engine.max_model_len))
+    kept, sampled = [], 0
+    for start in tqdm(range(0, len(rows), 32), desc="teacher rollouts", unit="batch"):
+        chunk = rows[start:start + 32]
+        episodes = ro.run(chunk, n=cfg.traces.teacher_samples, seed=cfg.seed, step=start)
+        sampled += len(episodes)
+        done = set()
+        for ep in episodes:  # keep the first correct episode per question
+            _, comps = score_answer(spec, ep.question, ep.final_answer, ep.golds, ep.format_score, 0)
+            if ep.status == "answered" and comps["answer"] == 1.0 and ep.qid not in done:
+                done.add(ep.qid)
+                kept.append(trace_from_episode(ep))
+    engine.close()
+    return kept, sampled
+
+
+def main(argv=None) -> int:
+    cfg, _ = parse_stage_args(__doc__, argv)
+    out = stage_dir(cfg, STAGE)
+    from transformers import AutoTokenizer
+
+    with StageRun(STAGE, out, config_slice(cfg, CONFIG_KEYS), cfg.seed) as run:
+        _, prepared = parent(run, cfg, "01_prepare_dataset")
+        rewards_dir, _ = parent(run, cfg, "02_build_rewards")
+        train = output_path(prepared, "/train.jsonl")
+        run.add_input(train)
+        rows = [json.loads(line) for line in train.read_text().splitlines() if line.strip()]
+        if cfg.traces.max_traces:
+            rows = rows[:cfg.traces.max_traces]
+        codec = Codec(AutoTokenizer.from_pretrained(model_dir(cfg)), cfg.model.templates)
+        source = cfg.traces.source
+        if source == "teacher":
+            pairs, sampled = _teacher(cfg, rows, read_spec(rewards_dir / "reward_spec.yaml"), codec)
+        elif source in ("gold", "solution"):
+            traces = [(row, trace_from_row(row, source)) for row in rows]
+            pairs = [(t, examples_from_trace(t, codec, row.get("context"))) for row, t in traces if t is not None]
+            sampled = 0
+        else:
+            raise StageError(f"traces.source: unknown source '{source}'; valid: gold, solution, teacher")
+        if not pairs:
+            raise StageError(f"no usable traces from {len(rows)} rows of {train} with source '{source}'")
+        records = [trace_record(t, ex, source) for t, ex in pairs]
+        atomic_write_text(out / "sft_traces.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+        stats = trace_stats(records, [e for _, ex in pairs for e in ex], len(rows), len(pairs) if sampled else 0,
+                            sampled, source)
+        atomic_write_json(out / "stats.json", stats)
+        for name in ("sft_traces.jsonl", "stats.json"):
+            run.add_output(out / name)
+        run.metrics.update(traces=len(records), rows=len(rows), acceptance_rate=stats["acceptance_rate"],
+                           planner_examples=stats["roles"]["planner"]["examples"],
+                           executor_examples=stats["roles"]["executor"]["examples"])
+    rate = f", acceptance {stats['acceptance_rate']:.1%}" if stats["acceptance_rate"] is not None else ""
+    print(f"{STAGE}: {len(records)} {source} traces from {len(rows)} rows{rate} -> {out / 'sft_traces.jsonl'}")
+    return 0
+
 
 if __name__ == "__main__":
-    sys.exit(not_implemented("03_generate_sft_traces", "issue #5"))
+    sys.exit(run_main(STAGE, main))

@@ -1,10 +1,104 @@
-"""04_sft_warmup: LoRA SFT warmup on the traces, validated with greedy rollouts.
+"""04_sft_warmup: LoRA SFT on the traces, validated with greedy agent rollouts on val.
 
-Not implemented yet (issue #5); it exits with status 2 and writes nothing.
+Rank, alpha and target modules come from the model config (model.lora; full_finetune trains all
+weights). The loss is masked to each role's generated tokens. Every `warmup.eval_every` steps the
+current adapter is served by the rollout engine (model.engine.name) for greedy planner/executor
+rollouts on the val split, scored with the reward spec; results go to valid_samples/step_N.json.
+Writes logs/train.jsonl, ckpt_sft/{best,final} (peft adapter directories that vLLM loads as a
+LoRARequest) and the manifest. An interrupted run resumes from ckpt_sft/last.
 """
+import json
 import sys
 
-from utils.cli import not_implemented
+from tqdm import tqdm
+
+from utils.cli import parse_stage_args
+from utils.evaluation import greedy_eval
+from utils.manifest import StageRun, atomic_write_json
+from utils.reward_spec import read_spec
+from utils.rollout import Codec, RolloutSpec
+from utils.sft import load_policy
+from utils.sft_trainer import SftLoop, save_weights
+from utils.stages import StageError, config_slice, model_dir, output_path, parent, run_main, stage_dir
+from utils.traces import read_trace_examples
+
+STAGE = "04_sft_warmup"
+CONFIG_KEYS = ("model", "warmup", "algorithm.rl.max_turns", "seed", "threads")
+
+
+def rollout_spec(cfg) -> RolloutSpec:
+    return RolloutSpec(cfg.algorithm.rl.max_turns, cfg.model.max_new_tokens_planner, cfg.model.max_new_tokens_executor,
+                       1.0, max_model_len=cfg.model.engine.max_model_len)
+
+
+class Validator:
+    """Serves the current weights on the rollout engine and scores greedy episodes on val rows."""
+
+    def __init__(self, cfg, base, rows, spec, codec, out):
+        self.cfg, self.base, self.rows, self.spec, self.codec, self.out = cfg, base, rows, spec, codec, out
+        self.engine = None
+
+    def __call__(self, model, weights_dir, step: int) -> dict:
+        from utils.engines import make_engine
+
+        save_weights(model, weights_dir)
+        if self.cfg.model.lora.full_finetune:  # full weights: a fresh HF engine on the saved model
+            engine = make_engine("hf", weights_dir, self.cfg.model.engine)
+        else:
+            if self.engine is None:
+                self.engine = make_engine(self.cfg.model.engine.name, self.base, self.cfg.model.engine, self.cfg.seed)
+            engine = self.engine
+            engine.set_adapter(weights_dir)
+        metrics, samples = greedy_eval(engine, self.codec, self.rows, self.spec, rollout_spec(self.cfg))
+        atomic_write_json(self.out / "valid_samples" / f"step_{step}.json", {"step": step, "metrics": metrics,
+                                                                            "samples": samples})
+        tqdm.write(f"step {step}: val accuracy {metrics['accuracy']:.3f} format {metrics['format']:.3f} "
+                   f"reward {metrics['reward']:.3f}")
+        return metrics
+
+
+def main(argv=None) -> int:
+    cfg, _ = parse_stage_args(__doc__, argv)
+    out = stage_dir(cfg, STAGE)
+    import torch
+    from transformers import AutoTokenizer
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    with StageRun(STAGE, out, config_slice(cfg, CONFIG_KEYS), cfg.seed) as run:
+        traces_dir, _ = parent(run, cfg, "03_generate_sft_traces")
+        _, prepared = parent(run, cfg, "01_prepare_dataset")
+        rewards_dir, _ = parent(run, cfg, "02_build_rewards")
+        base = model_dir(cfg)
+        tok = AutoTokenizer.from_pretrained(base)
+        examples = read_trace_examples(traces_dir / "sft_traces.jsonl")
+        if not examples:
+            raise StageError(f"{traces_dir / 'sft_traces.jsonl'} holds no training examples")
+        val_path = output_path(prepared, "/val.jsonl")
+        rows = [json.loads(x) for x in val_path.read_text().splitlines() if x.strip()]
+        rows = rows[:cfg.warmup.eval_size] if cfg.warmup.eval_size else rows
+        for p in (traces_dir / "sft_traces.jsonl", val_path, rewards_dir / "reward_spec.yaml"):
+            run.add_input(p)
+        validator = Validator(cfg, base, rows, read_spec(rewards_dir / "reward_spec.yaml"),
+                              Codec(tok, cfg.model.templates), out)
+        model = load_policy(base, cfg.model.lora, cfg.model.dtype)
+        loop = SftLoop(model, examples, cfg.warmup, cfg.seed, tok.pad_token_id, out,
+                       lambda d, s: validator(model, d, s), run.data["config_sha256"])
+        resumed = loop.try_resume()
+        if resumed:
+            print(f"{STAGE}: resuming from step {loop.state.step}")
+        with tqdm(total=cfg.warmup.steps, initial=loop.state.step, desc="sft", unit="step") as bar:
+            state = loop.run(bar)
+        for name in ("ckpt_sft/best", "ckpt_sft/final", "logs/train.jsonl"):
+            run.add_output(out / name)
+        last = state.history[-1] if state.history else {}
+        run.metrics.update(steps=state.step, resumed=resumed, best_step=state.best_step,
+                           best_val_accuracy=state.best_metric, final_val_accuracy=last.get("accuracy"),
+                           final_val_format=last.get("format"), examples=len(examples),
+                           trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad))
+    print(f"{STAGE}: best val accuracy {state.best_metric} at step {state.best_step} -> {out / 'ckpt_sft'}")
+    return 0
+
 
 if __name__ == "__main__":
-    sys.exit(not_implemented("04_sft_warmup", "issue #5"))
+    sys.exit(run_main(STAGE, main))

@@ -1,11 +1,12 @@
-"""Shared fixtures. The vLLM engine is expensive to start (~30-60 s on 2 cores), so one serves the session."""
-import os
-
+"""Shared fixtures. The vLLM engine is expensive to start (~30-60 s on 2 cores), so one serves the
+whole session; tests that use it set the adapter they need first."""
 import pytest
 
 from utils.config import ROOT
+from utils.run_config import EngineConfig
 
 BASE = ROOT / "artifacts" / "tiny-arith"
+ENGINE_CFG = EngineConfig(max_lora_rank=8, max_loras=2)
 
 
 @pytest.fixture(scope="session")
@@ -18,7 +19,6 @@ def hf_base():
     import torch
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(BASE, dtype=torch.float32)
     model.eval()
     return model
@@ -26,10 +26,48 @@ def hf_base():
 
 @pytest.fixture(scope="session")
 def vllm_engine():
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    from vllm import LLM
+    from utils.engines import VLLMEngine
 
-    llm = LLM(model=str(BASE), dtype="float32", max_model_len=512, gpu_memory_utilization=0.3,
-              enforce_eager=True, seed=0, enable_lora=True, max_lora_rank=8, max_loras=2)
-    yield llm
-    del llm
+    engine = VLLMEngine(BASE, ENGINE_CFG, seed=0)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def hf_engine():
+    from utils.engines import HFEngine
+
+    return HFEngine(BASE, ENGINE_CFG)
+
+
+def make_random_adapter(out_dir, seed: int, scale: float = 0.5):
+    """A LoRA adapter with non-zero random weights, saved as a peft directory vLLM can load."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(BASE, dtype=torch.float32)
+    cfg = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                         "up_proj", "down_proj"], init_lora_weights=False)
+    peft_model = get_peft_model(model, cfg)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.mul_(scale)
+    peft_model.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def adapters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapters")
+    return make_random_adapter(root / "a", seed=1), make_random_adapter(root / "b", seed=2)
+
+
+@pytest.fixture(scope="session")
+def protocol_adapter(tmp_path_factory):
+    """A LoRA adapter briefly SFT-trained on gold traces, so rollouts run several real turns."""
+    from utils.sft import train_gold_adapter
+
+    return train_gold_adapter(BASE, tmp_path_factory.mktemp("protocol") / "adapter")

@@ -38,7 +38,8 @@ def test_greedy_outputs_and_logprobs_agree(hf_base, vllm_engine):
 
     prompts, max_new = _prompts(), 10
     params = SamplingParams(temperature=0.0, max_tokens=max_new, logprobs=0, stop_token_ids=[EOS_ID])
-    results = vllm_engine.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    vllm_engine.set_adapter(None)
+    results = vllm_engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
     hf = _hf_greedy(hf_base, prompts, max_new)
     worst = 0.0
     for prompt, res, hf_ids in zip(prompts, results, hf):

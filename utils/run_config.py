@@ -123,6 +123,29 @@ class DataConfig:
 
 
 @dataclass
+class TracesConfig:
+    source: str = field("gold", "SFT trace source: gold (the task's decomposition) | solution (worked solution "
+                                "lines) | teacher (rejection-sampled episodes of a teacher model).")
+    max_traces: int = field(0, "Cap on traces written (0 = one per usable training row).")
+    teacher_path: str = field("", "teacher source: base model directory (empty = model.path).")
+    teacher_adapter: str = field("", "teacher source: optional LoRA adapter directory for the teacher.")
+    teacher_samples: int = field(4, "teacher source: episodes sampled per question.")
+    teacher_temperature: float = field(0.7, "teacher source: sampling temperature.")
+
+
+@dataclass
+class WarmupConfig:
+    steps: int = field(600, "SFT optimizer steps.")
+    lr: float = field(3e-3, "Peak learning rate (linear warmup, cosine decay to 10%).")
+    warmup_steps: int = field(30, "Linear warmup steps.")
+    batch_size: int = field(32, "Examples per step (planner and executor examples mixed).")
+    weight_decay: float = field(0.0, "AdamW weight decay.")
+    eval_every: int = field(200, "Validate (greedy rollouts on val) every N steps; 0 = only at the end.")
+    eval_size: int = field(100, "Validation questions per evaluation (0 = all).")
+    save_every: int = field(100, "Write the resumable checkpoint every N steps.")
+
+
+@dataclass
 class JudgeConfig:
     enabled: bool = field(False, "Score answers with an LLM judge behind an OpenAI-compatible endpoint.")
     base_url: str = field("http://127.0.0.1:8000/v1", "Endpoint base URL, e.g. a `vllm serve` judge.")
@@ -154,6 +177,8 @@ class RunConfig:
     algorithm: AlgorithmConfig = field(AlgorithmConfig(), "Algorithm tier (configs/algorithms/).")
     data: DataConfig = field(DataConfig(), "Data tier (configs/data/).")
     reward: RewardConfig = field(RewardConfig(), "Reward spec written by 02_build_rewards.")
+    traces: TracesConfig = field(TracesConfig(), "SFT traces written by 03_generate_sft_traces.")
+    warmup: WarmupConfig = field(WarmupConfig(), "LoRA SFT warmup run by 04_sft_warmup.")
 
 
 def load_run_config(model: str = "tiny-arith", algorithm: str = "red", data: str = "synthetic_arith",

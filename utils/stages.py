@@ -64,6 +64,16 @@ def output_path(manifest: dict, suffix: str) -> Path:
     return repo_path(hits[0])
 
 
+def model_dir(cfg: RunConfig, path: str | None = None) -> Path:
+    """The local directory of the base model (model.path); a clear error if it is not there."""
+    p = repo_path(path or cfg.model.path)
+    if not (p / "config.json").is_file():
+        hint = ("run `bash download.sh` to check or rebuild the embedded tiny-arith" if "tiny-arith" in str(p)
+                else f"run `bash download.sh --model HUB_ID` or copy the model there")
+        raise StageError(f"model.path: no model at {p} (no config.json); {hint}")
+    return p
+
+
 def run_main(stage: str, fn: Callable[[], int | None]) -> int:
     """Run a stage's main; user errors become one line on stderr and exit code 1."""
     from utils.data_adapters import DataError

@@ -1,0 +1,100 @@
+"""vLLM (CPU build) and transformers engines: identical greedy rollouts, matching log-probs, and
+policy updates that really reach the vLLM sampler."""
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from utils.rollout import Codec, Rollout, RolloutSpec
+from utils.run_config import TemplatesConfig
+from utils.synthetic import generate_rows
+from utils.run_config import DataConfig
+
+LOGPROB_TOL = 1e-4  # fp32 on CPU (DESIGN.md §7 measured 1e-6); tests/test_engines.py prints the worst case
+
+
+def _rows(n=12):
+    rows = generate_rows(DataConfig(n_train=0, n_val=0, n_test=n, seed=77))["test"]
+    return [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])]} for r in rows]
+
+
+def _greedy(engine, tok, rows):
+    ro = Rollout(engine, Codec(tok, TemplatesConfig()), RolloutSpec(max_turns=4, temperature=0.0))
+    return ro.run(rows, n=1, seed=0)
+
+
+@pytest.mark.parametrize("which", ["base", "random_adapter", "protocol_adapter"])
+def test_greedy_rollouts_identical_across_engines(which, vllm_engine, hf_engine, adapters, protocol_adapter, base_dir):
+    path = {"base": None, "random_adapter": adapters[0], "protocol_adapter": protocol_adapter}[which]
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    vllm_engine.set_adapter(path)
+    hf_engine.set_adapter(path)
+    rows = _rows()
+    v_eps, h_eps = _greedy(vllm_engine, tok, rows), _greedy(hf_engine, tok, rows)
+    worst = 0.0
+    for v, h in zip(v_eps, h_eps):
+        assert (v.status, v.final_answer) == (h.status, h.final_answer)
+        assert len(v.segments) == len(h.segments)
+        for sv, sh in zip(v.segments, h.segments):
+            assert (sv.role, sv.context_ids, sv.gen_ids, sv.text) == (sh.role, sh.context_ids, sh.gen_ids, sh.text)
+            worst = max([worst] + [abs(a - b) for a, b in zip(sv.logprobs, sh.logprobs)])
+    print(f"[{which}] worst |logprob(vllm) - logprob(hf)| = {worst:.2e}")
+    assert worst < LOGPROB_TOL
+    if which == "protocol_adapter":  # the SFT'd adapter runs real multi-turn episodes
+        assert max(e.n_turns for e in v_eps) >= 2
+        assert sum(e.status == "answered" for e in v_eps) >= len(rows) // 2
+
+
+def _peft_logprobs(base_dir, adapter, ids, start):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, str(adapter))
+    model.eval()
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+    return [logp[k - 1, ids[k]].item() for k in range(start, len(ids))]
+
+
+def test_adapter_update_reaches_the_vllm_sampler(vllm_engine, adapters, base_dir):
+    """After set_adapter, vLLM scores a fixed continuation exactly as transformers+peft does with the
+    new adapter, and differently from the old one; the old adapter is released."""
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    ids = tok.encode("plan: 12+7-3\n<think>12+7-3</think><task>12+7</task>")
+    start = len(tok.encode("plan: 12+7-3\n"))
+    a, b = adapters
+    vllm_engine.set_adapter(a)
+    lp_a = vllm_engine.prompt_logprobs(ids, start)
+    id_a = vllm_engine.lora.lora_int_id
+    vllm_engine.set_adapter(b)
+    lp_b = vllm_engine.prompt_logprobs(ids, start)
+    ref_a, ref_b = _peft_logprobs(base_dir, a, ids, start), _peft_logprobs(base_dir, b, ids, start)
+    assert max(abs(x - y) for x, y in zip(lp_a, ref_a)) < LOGPROB_TOL
+    assert max(abs(x - y) for x, y in zip(lp_b, ref_b)) < LOGPROB_TOL
+    assert max(abs(x - y) for x, y in zip(lp_a, lp_b)) > 1e-2  # a stale sampler would fail here
+    assert id_a not in vllm_engine.loaded_adapters()
+    vllm_engine.set_adapter(None)
+    lp_base = vllm_engine.prompt_logprobs(ids, start)
+    assert max(abs(x - y) for x, y in zip(lp_base, _peft_logprobs(base_dir, None, ids, start))) < LOGPROB_TOL
+
+
+def test_sampling_is_seeded_per_request(vllm_engine, base_dir):
+    from utils.engines import SamplingSpec
+
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    vllm_engine.set_adapter(None)
+    prompt = tok.encode("12+7=")
+    spec = SamplingSpec(max_tokens=12, temperature=1.0, n=3)
+    one = vllm_engine.generate([prompt, prompt], spec, [5, 6])
+    two = vllm_engine.generate([prompt], spec, [5])
+    assert [s.token_ids for s in one[0]] == [s.token_ids for s in two[0]]  # same seed, same samples
+    assert [s.token_ids for s in one[0]] != [s.token_ids for s in one[1]]  # another seed differs
+
+
+def test_unknown_engine_name_lists_valid_ones(base_dir):
+    from utils.engines import make_engine
+    from utils.run_config import EngineConfig
+
+    with pytest.raises(KeyError, match="valid: hf, vllm"):
+        make_engine("tgi", base_dir, EngineConfig())

@@ -1,0 +1,167 @@
+"""Stages 03-04: SFT traces in the rollout protocol, masked LoRA SFT, resume after a kill."""
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from test_data_stages import FIXTURES, manifest, run_stage
+from utils.config import ROOT
+from utils.run_config import DataConfig
+from utils.synthetic import write_dataset
+
+SMALL = ["--set", "data.n_train=60", "--set", "data.n_val=8", "--set", "data.n_test=8"]
+
+
+@pytest.fixture
+def prepared(tmp_path):
+    """outputs/t/{00,01,02} on a small synthetic dataset."""
+    root = tmp_path / "synth"
+    write_dataset(DataConfig(n_train=60, n_val=8, n_test=8), root)
+    out = tmp_path / "outputs"
+    args = ["--set", f"data.path={root}", *SMALL]
+    for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards"):
+        assert run_stage(stage, out, *args) == 0
+    return out, args
+
+
+def _records(out):
+    path = out / "t" / "03_generate_sft_traces" / "sft_traces.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_gold_traces_follow_the_rollout_protocol(prepared, base_dir):
+    out, args = prepared
+    assert run_stage("03_generate_sft_traces", out, *args) == 0
+    recs = _records(out)
+    assert len(recs) == 60
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    rec = recs[0]
+    planner = next(e for e in rec["examples"] if e["role"] == "planner")
+    trained = tok.decode([i for i, m in zip(planner["ids"], planner["mask"]) if m])
+    assert trained == "".join(rec["planner_turns"])  # only the planner's own turns are trained
+    full = tok.decode(planner["ids"], skip_special_tokens=True)
+    assert full.startswith(f"plan: {rec['question']}\n") and "<result>" in full
+    execs = [e for e in rec["examples"] if e["role"] == "executor"]
+    assert len(execs) == len(rec["executor_calls"])
+    for e, (task, text) in zip(execs, rec["executor_calls"]):
+        assert tok.decode([i for i, m in zip(e["ids"], e["mask"]) if not m], skip_special_tokens=True) == f"solve: {task}\n"
+        assert tok.decode([i for i, m in zip(e["ids"], e["mask"]) if m]) == text
+    stats = json.loads((out / "t" / "03_generate_sft_traces" / "stats.json").read_text())
+    assert stats["roles"]["executor"]["examples"] == sum(len(r["executor_calls"]) for r in recs)
+    assert stats["acceptance_rate"] is None
+
+
+def test_solution_traces_from_gsm8k_worked_solutions(tmp_path):
+    out = tmp_path / "o"
+    args = ["--data", "gsm8k", "--set", f"data.path={FIXTURES / 'gsm8k'}", "--set", "data.n_val=1",
+            "--set", "traces.source=solution"]
+    for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces"):
+        assert run_stage(stage, out, *args) == 0
+    recs = _records(out)
+    assert recs and all(r["source"] == "solution" for r in recs)
+    sample = next(r for r in recs if r["question"].startswith("Theo"))
+    assert sample["executor_calls"][0] == ["4*3", "<think>4*3=12</think><answer>12</answer>"]
+    assert sample["planner_turns"][-1] == "<think>120</think><answer>120</answer>"
+
+
+def test_teacher_traces_are_rejection_sampled(prepared, protocol_adapter):
+    out, args = prepared
+    assert run_stage("03_generate_sft_traces", out, *args, "--set", "traces.source=teacher",
+                     "--set", f"traces.teacher_adapter={protocol_adapter}", "--set", "model.engine.name=hf",
+                     "--set", "traces.teacher_samples=2") == 0
+    m = manifest(out, "03_generate_sft_traces")
+    rate = m["metrics"]["acceptance_rate"]
+    assert 0 < rate <= 0.5  # at most one kept episode per question, of 2 sampled
+    prepared_rows = {json.loads(x)["id"]: json.loads(x) for x in
+                     (out / "t" / "01_prepare_dataset" / "train.jsonl").read_text().splitlines()}
+    for rec in _records(out):
+        assert rec["answer"] == prepared_rows[rec["qid"]]["answers"][0]  # only correct episodes kept
+
+
+def _sft_args(extra=()):
+    return ["--set", "warmup.steps=12", "--set", "warmup.batch_size=8", "--set", "warmup.save_every=3",
+            "--set", "warmup.eval_every=0", "--set", "warmup.eval_size=4", "--set", "model.engine.name=hf",
+            "--set", "warmup.warmup_steps=2", *extra]
+
+
+def test_sft_changes_every_lora_parameter_and_no_base_weight(base_dir, tmp_path):
+    """TRL-style: train briefly, then every trainable (LoRA) tensor moved and no base weight did."""
+    from utils.rollout import Codec
+    from utils.run_config import LoraConfig, TemplatesConfig, WarmupConfig
+    from utils.sft import gold_examples, load_policy
+    from utils.sft_trainer import SftLoop
+    from utils.synthetic import generate_rows
+
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    rows = [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])], "meta": {"steps": r["steps"]}}
+            for r in generate_rows(DataConfig(n_train=40, n_val=0, n_test=0))["train"]]
+    examples = gold_examples(rows, Codec(tok, TemplatesConfig()))
+    model = load_policy(base_dir, LoraConfig())
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    loop = SftLoop(model, examples, WarmupConfig(steps=5, batch_size=8, warmup_steps=1, eval_every=0, save_every=5),
+                   seed=0, pad_id=tok.pad_token_id, out_dir=tmp_path, validate=None, config_sha="x")
+    loop.run()
+    lora = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert lora and all("lora_" in n for n in lora)
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            assert not torch.equal(p, before[name]), f"{name} did not change"
+        else:
+            assert torch.equal(p, before[name]), f"frozen {name} changed"
+    assert (tmp_path / "ckpt_sft" / "final" / "adapter_model.safetensors").is_file()
+
+
+def test_sft_stage_writes_adapters_logs_and_validation(prepared):
+    out, args = prepared
+    assert run_stage("03_generate_sft_traces", out, *args) == 0
+    assert run_stage("04_sft_warmup", out, *args, *_sft_args()) == 0
+    stage = out / "t" / "04_sft_warmup"
+    for name in ("ckpt_sft/best/adapter_config.json", "ckpt_sft/final/adapter_model.safetensors",
+                 "valid_samples/step_12.json", "logs/train.jsonl"):
+        assert (stage / name).is_file(), name
+    m = manifest(out, "04_sft_warmup")
+    assert m["status"] == "completed" and m["metrics"]["steps"] == 12
+    assert m["metrics"]["final_val_accuracy"] is not None
+    val = json.loads((stage / "valid_samples" / "step_12.json").read_text())
+    assert val["metrics"]["n"] == 4 and len(val["samples"]) == 4
+
+
+def _losses(stage_out: Path) -> list[tuple[int, float]]:
+    rows = [json.loads(x) for x in (stage_out / "logs" / "train.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in rows]
+
+
+def test_killed_sft_run_resumes_without_lost_or_repeated_steps(prepared, tmp_path):
+    out, args = prepared
+    assert run_stage("03_generate_sft_traces", out, *args) == 0
+    # an uninterrupted reference run in a second run id
+    import shutil
+    shutil.copytree(out / "t", out / "ref")
+    cmd = [sys.executable, "04_sft_warmup.py", "--set", f"outputs_dir={out}", *args,
+           *_sft_args(["--set", "warmup.steps=30"])]
+    assert subprocess.run(cmd + ["--run_id", "ref"], cwd=ROOT, capture_output=True).returncode == 0
+    reference = _losses(out / "ref" / "04_sft_warmup")
+    # the interrupted run: SIGKILL once step 7 is logged (checkpoint at 6), then run again
+    log = out / "t" / "04_sft_warmup" / "logs" / "train.jsonl"
+    proc = subprocess.Popen(cmd + ["--run_id", "t"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if log.is_file() and len(log.read_text().splitlines()) >= 7:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert manifest(out, "04_sft_warmup")["status"] == "running"
+    second = subprocess.run(cmd + ["--run_id", "t"], cwd=ROOT, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    assert "resuming from step" in second.stdout
+    resumed = _losses(out / "t" / "04_sft_warmup")
+    assert [s for s, _ in resumed] == list(range(1, 31))  # every step once
+    assert resumed == reference  # and the same losses as the uninterrupted run

@@ -1,0 +1,171 @@
+"""The resumable LoRA SFT loop behind `04_sft_warmup.py`.
+
+State that a resume restores (ckpt_sft/last/, written atomically every `save_every` steps): the
+adapter (or full weights), the optimizer, the LR scheduler, python/torch RNG states, the step and
+the data cursor (epoch, batch index). The batches of an epoch derive from (seed, epoch), so a
+resumed run sees exactly the batches an uninterrupted one would: no step is lost or repeated,
+and on CPU its losses match. `logs/train.jsonl` is rewritten up to the resumed step first.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from utils.manifest import atomic_write_json, atomic_write_text
+from utils.run_config import WarmupConfig
+from utils.sft import batches, sft_loss
+from utils.traces import Example
+
+
+def lr_lambda(cfg: WarmupConfig) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / max(cfg.warmup_steps, 1)
+        progress = (step - cfg.warmup_steps) / max(cfg.steps - cfg.warmup_steps, 1)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return f
+
+
+@dataclass
+class LoopState:
+    step: int = 0
+    epoch: int = 0
+    cursor: int = 0
+    best_metric: float | None = None
+    best_step: int | None = None
+    history: list = field(default_factory=list)  # validation results
+
+
+def save_weights(model, out_dir: Path) -> None:
+    """An adapter (peft) or full-model directory, assembled aside and renamed into place."""
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+
+
+class SftLoop:
+    def __init__(self, model, examples: list[Example], cfg: WarmupConfig, seed: int, pad_id: int, out_dir: Path,
+                 validate: Callable[[Path, int], dict] | None, config_sha: str):
+        import torch
+
+        self.torch, self.model, self.examples, self.cfg = torch, model, examples, cfg
+        self.seed, self.pad_id, self.out, self.validate, self.config_sha = seed, pad_id, out_dir, validate, config_sha
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg))
+        self.state = LoopState()
+        self.ckpt = out_dir / "ckpt_sft"
+        self.log_path = out_dir / "logs" / "train.jsonl"
+
+    # ------------------------------------------------------------ checkpoints
+    def save_last(self) -> None:
+        torch = self.torch
+        tmp = self.ckpt / "last.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.model.save_pretrained(tmp / "weights")
+        torch.save({"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                    "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, tmp / "trainer.pt")
+        atomic_write_json(tmp / "state.json", {**self.state.__dict__, "config_sha256": self.config_sha})
+        final = self.ckpt / "last"
+        old = self.ckpt / "last.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def try_resume(self) -> bool:
+        """Restore ckpt_sft/last if it belongs to this config; returns whether it resumed."""
+        torch = self.torch
+        last = self.ckpt / "last"
+        if not (last / "state.json").is_file():
+            return False
+        saved = json.loads((last / "state.json").read_text())
+        if saved.pop("config_sha256") != self.config_sha:
+            return False
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        weights = last / "weights"
+        if (weights / "adapter_model.safetensors").is_file():
+            set_peft_model_state_dict(self.model, load_file(weights / "adapter_model.safetensors"))
+        else:
+            self.model.load_state_dict(load_file(weights / "model.safetensors"), strict=False)
+        blob = torch.load(last / "trainer.pt", weights_only=False)
+        self.opt.load_state_dict(blob["optimizer"])
+        self.sched.load_state_dict(blob["scheduler"])
+        torch.set_rng_state(blob["torch_rng"])
+        random.setstate(blob["python_rng"])
+        self.state = LoopState(**saved)
+        self._truncate_log(self.state.step)
+        return True
+
+    def _truncate_log(self, step: int) -> None:
+        if not self.log_path.is_file():
+            return
+        keep = [ln for ln in self.log_path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+        atomic_write_text(self.log_path, "".join(k + "\n" for k in keep))
+
+    # ------------------------------------------------------------ loop
+    def _next_batch(self) -> list[Example]:
+        epoch_batches = batches(self.examples, self.cfg.batch_size, self.seed, self.state.epoch)
+        if self.state.cursor >= len(epoch_batches):
+            self.state.epoch, self.state.cursor = self.state.epoch + 1, 0
+            epoch_batches = batches(self.examples, self.cfg.batch_size, self.seed, self.state.epoch)
+        batch = epoch_batches[self.state.cursor]
+        self.state.cursor += 1
+        return batch
+
+    def _evaluate(self) -> None:
+        if self.validate is None:
+            return
+        result = self.validate(self.ckpt / "eval_current", self.state.step)
+        self.state.history.append({"step": self.state.step, **result})
+        metric = result["accuracy"]
+        if self.state.best_metric is None or metric > self.state.best_metric:
+            self.state.best_metric, self.state.best_step = metric, self.state.step
+            save_weights(self.model, self.ckpt / "best")
+
+    def run(self, progress=None) -> LoopState:
+        torch = self.torch
+        if self.state.step == 0:
+            torch.manual_seed(self.seed)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.model.train()
+        with self.log_path.open("a") as log:
+            while self.state.step < self.cfg.steps:
+                loss = sft_loss(self.model, self._next_batch(), self.pad_id)
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                grad = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
+                self.opt.step()
+                self.sched.step()
+                self.state.step += 1
+                log.write(json.dumps({"step": self.state.step, "loss": round(loss.item(), 6),
+                                      "grad_norm": round(float(grad), 6), "lr": self.sched.get_last_lr()[0],
+                                      "epoch": self.state.epoch}) + "\n")
+                log.flush()
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix(loss=f"{loss.item():.4f}")
+                s = self.state.step
+                if (self.cfg.eval_every and s % self.cfg.eval_every == 0) or s == self.cfg.steps:
+                    self.model.eval()
+                    self._evaluate()
+                    self.model.train()
+                if s % self.cfg.save_every == 0 or s == self.cfg.steps:
+                    self.save_last()
+        self.model.eval()
+        save_weights(self.model, self.ckpt / "final")
+        if not (self.ckpt / "best").exists():
+            save_weights(self.model, self.ckpt / "best")
+        return self.state
