@@ -1,0 +1,165 @@
+"""Loss maths on hand-computed 2x4 examples; loop vs vectorised; mask invariance; RED edges."""
+import math
+
+import pytest
+import torch
+
+from utils.losses import (AGGREGATIONS, RedState, advantages, aggregate, gather_logprobs, k3_kl, ppo_clip_loss,
+                          red_update, red_weights, sft_cross_entropy, token_entropy)
+
+MASK = torch.tensor([[1., 1., 1., 0.], [1., 1., 0., 0.]])
+X = torch.tensor([[1., 2., 3., 100.], [4., 6., 100., 100.]])
+
+
+def test_group_advantage_by_hand():
+    # group 1: [1, 3] mean 2, unbiased std sqrt(2) -> [-1/sqrt2, 1/sqrt2]; group 2: [5, 5] -> std 0 -> [0, 0]
+    adv = advantages("group", torch.tensor([1., 3., 5., 5.]), 2)
+    torch.testing.assert_close(adv, torch.tensor([-1 / math.sqrt(2), 1 / math.sqrt(2), 0., 0.]), atol=1e-5, rtol=0)
+
+
+def test_batch_and_none_scaling_by_hand():
+    r = torch.tensor([1., 3., 5., 5.])
+    # centred: [-1, 1, 0, 0]; batch unbiased std of [1,3,5,5]: mean 3.5, var (6.25+.25+2.25+2.25)/3 = 11/3
+    torch.testing.assert_close(advantages("batch", r, 2), torch.tensor([-1., 1., 0., 0.]) / math.sqrt(11 / 3),
+                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(advantages("none", r, 2), torch.tensor([-1., 1., 0., 0.]))
+
+
+def test_advantage_loop_matches_vectorised():
+    torch.manual_seed(0)
+    r = torch.randn(24)
+    vec = advantages("group", r, 4)
+    loop = []
+    for g in range(6):
+        grp = r[g * 4:(g + 1) * 4]
+        mean, std = sum(grp.tolist()) / 4, math.sqrt(sum((x - sum(grp.tolist()) / 4) ** 2 for x in grp.tolist()) / 3)
+        loop += [(x - mean) / (std + 1e-6) for x in grp.tolist()]
+    torch.testing.assert_close(vec, torch.tensor(loop), atol=1e-5, rtol=0)
+
+
+def test_single_sample_groups_get_zero_advantage():
+    assert advantages("group", torch.tensor([1., 2.]), 1).tolist() == [0.0, 0.0]
+
+
+def test_aggregations_by_hand():
+    # token-mean: (1+2+3+4+6)/5 = 3.2; seq-mean-token-mean: (2 + 5)/2 = 3.5; sum-norm: (6/4 + 10/4)/2 = 2.0
+    assert aggregate("token-mean", X, MASK).item() == pytest.approx(3.2)
+    assert aggregate("seq-mean-token-mean", X, MASK).item() == pytest.approx(3.5)
+    assert aggregate("seq-mean-token-sum-norm", X, MASK).item() == pytest.approx(2.0)
+
+
+def test_unknown_names_list_the_valid_ones():
+    with pytest.raises(KeyError, match="valid: seq-mean-token-mean, seq-mean-token-sum-norm, token-mean"):
+        aggregate("sum", X, MASK)
+    with pytest.raises(KeyError, match="valid: batch, group, none"):
+        advantages("rloo", torch.zeros(4), 2)
+
+
+def test_ppo_clip_by_hand():
+    # ratios exp(logp-old): row 0 = [1.5, 0.5, 1.0], adv +1; row 1 = [1.5, 0.5], adv -1
+    old = torch.zeros(2, 4)
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.0, 1.0], [1.5, 0.5, 1.0, 1.0]]))
+    adv = torch.tensor([1., -1.])
+    loss, stats = ppo_clip_loss(logp, old, adv, MASK, clip_low=0.2, clip_high=0.28, agg="token-mean")
+    # A=+1: max(-r, -clip(r)) -> r=1.5: max(-1.5, -1.28) = -1.28; r=0.5: max(-0.5, -0.8) = -0.5; r=1: -1
+    # A=-1: max(r, clip(r))   -> r=1.5: max(1.5, 1.28) = 1.5;     r=0.5: max(0.5, 0.8) = 0.8
+    expected = (-1.28 - 0.5 - 1.0 + 1.5 + 0.8) / 5
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert stats["clip_frac"] == pytest.approx(2 / 5)  # the 1.5 of row 0 and the 0.5 of row 1
+
+
+def test_ppo_loop_matches_vectorised():
+    torch.manual_seed(1)
+    logp, old = torch.randn(3, 5) * 0.3, torch.randn(3, 5) * 0.3
+    adv, mask = torch.randn(3), (torch.rand(3, 5) > 0.3).float()
+    loss, _ = ppo_clip_loss(logp, old, adv, mask, 0.2, 0.28, "seq-mean-token-mean")
+    per_seq = []
+    for b in range(3):
+        terms = []
+        for t in range(5):
+            if mask[b, t]:
+                r = math.exp(logp[b, t] - old[b, t])
+                terms.append(max(-adv[b] * r, -adv[b] * min(max(r, 0.8), 1.28)))
+        per_seq.append(sum(terms) / max(len(terms), 1) if terms else 0.0)
+    assert loss.item() == pytest.approx(sum(float(x) for x in per_seq) / 3, abs=1e-5)
+
+
+@pytest.mark.parametrize("agg", sorted(AGGREGATIONS))
+def test_masked_tokens_cannot_change_the_loss_or_its_gradients(agg):
+    torch.manual_seed(2)
+    old, adv = torch.randn(2, 4), torch.tensor([0.7, -1.2])
+    a = torch.randn(2, 4, requires_grad=True)
+    b = a.detach().clone()
+    b[MASK == 0] += torch.randn(int((MASK == 0).sum())) * 5  # change only masked positions
+    b.requires_grad_(True)
+    la, _ = ppo_clip_loss(a, old, adv, MASK, 0.2, 0.28, agg)
+    lb, _ = ppo_clip_loss(b, old, adv, MASK, 0.2, 0.28, agg)
+    la.backward()
+    lb.backward()
+    assert la.item() == pytest.approx(lb.item(), abs=1e-7)
+    torch.testing.assert_close(a.grad, b.grad)
+    assert torch.all(a.grad[MASK == 0] == 0)
+
+
+def test_k3_kl_by_hand():
+    # d = ref - logp = [0, ln 2]: k3 = [0, 2 - ln2 - 1]
+    kl = k3_kl(torch.tensor([[0.0, 0.0]]), torch.tensor([[0.0, math.log(2)]]))
+    torch.testing.assert_close(kl, torch.tensor([[0.0, 1 - math.log(2)]]))
+    assert (k3_kl(torch.randn(4, 4), torch.randn(4, 4)) >= 0).all()
+
+
+def test_entropy_by_hand():
+    # uniform over 4: ln 4; one-hot-ish: ~0
+    logits = torch.tensor([[[0., 0., 0., 0.], [100., 0., 0., 0.]]])
+    h = token_entropy(logits)
+    assert h[0, 0].item() == pytest.approx(math.log(4), abs=1e-6)
+    assert h[0, 1].item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_sft_ce_and_gather():
+    logits = torch.log(torch.tensor([[[0.5, 0.5], [0.25, 0.75], [1.0, 1e-9]]]))
+    ids = torch.tensor([[0, 1, 0]])
+    logp = gather_logprobs(logits, ids)  # next-token log-probs: p(1|pos0)=0.5, p(0|pos1)=0.25
+    torch.testing.assert_close(logp, torch.log(torch.tensor([[0.5, 0.25]])))
+    assert sft_cross_entropy(logp, torch.tensor([[1., 1.]])).item() == pytest.approx(-(math.log(0.5) + math.log(0.25)) / 2)
+
+
+@pytest.mark.parametrize("acc,expected", [(0.0, 5.0), (0.5, 1.0), (1.0, 0.2)])
+def test_red_accuracy_factor_edges(acc, expected):
+    w = red_weights(RedState(), acc, G=5.0, accuracy_aware=True, weight_min=0.0, weight_max=25.0)
+    assert w["red/accuracy_factor"] == pytest.approx(expected)
+    assert w["red/entropy_weight"] == 1.0  # no entropy change yet
+    assert w["red/final_weight"] == pytest.approx(expected)
+
+
+def test_red_entropy_weight_ratio_and_clamps():
+    s = red_update(RedState(), h_sft=2.0, h_rl=3.0, decay_sft=0.5, decay_rl=0.5)
+    s = red_update(s, h_sft=1.0, h_rl=2.0, decay_sft=0.5, decay_rl=0.5)
+    # EMAs: sft 2 -> 1.5 (Δ 0.5), rl 3 -> 2.5 (Δ 0.5): ratio 1
+    assert red_weights(s, 0.5, 5.0, True, 0, 25)["red/entropy_weight"] == pytest.approx(1.0, abs=1e-5)
+    s = red_update(s, h_sft=0.0, h_rl=2.5, decay_sft=0.5, decay_rl=0.5)
+    # sft 1.5 -> 0.75 (Δ 0.75), rl 2.5 -> 2.5 (Δ 0): ΔH_rl = 0 -> ratio huge -> clamped to G
+    assert red_weights(s, 0.5, 5.0, True, 0, 25)["red/entropy_weight"] == 5.0
+    s2 = red_update(red_update(RedState(), 1.0, 1.0, 0.5, 0.5), 1.0, 5.0, 0.5, 0.5)
+    # Δ_sft 0, Δ_rl 2 -> ratio 0 -> clamped up to 1
+    assert red_weights(s2, 0.5, 5.0, True, 0, 25)["red/entropy_weight"] == 1.0
+
+
+def test_red_with_g_one_is_a_constant_weight():
+    s = red_update(red_update(RedState(), 3.0, 1.0, 0.9, 0.9), 0.0, 1.0, 0.9, 0.9)
+    for acc in (0.0, 0.3, 1.0):
+        w = red_weights(s, acc, G=1.0, accuracy_aware=True, weight_min=0.0, weight_max=25.0)
+        assert (w["red/entropy_weight"], w["red/accuracy_factor"], w["red/final_weight"]) == (1.0, 1.0, 1.0)
+
+
+def test_red_final_weight_clamp_and_part2_switch():
+    w = red_weights(RedState(), 0.0, G=5.0, accuracy_aware=True, weight_min=0.0, weight_max=2.0)
+    assert w["red/final_weight"] == 2.0
+    w = red_weights(RedState(), 0.0, G=5.0, accuracy_aware=False, weight_min=0.0, weight_max=25.0)
+    assert w["red/accuracy_factor"] == 1.0
+
+
+def test_red_state_round_trips():
+    from dataclasses import asdict
+    s = red_update(red_update(RedState(), 1.0, 2.0, 0.99, 0.99), 1.5, 2.5, 0.99, 0.99)
+    assert RedState(**asdict(s)) == s and s.steps == 2
