@@ -1,10 +1,15 @@
-"""06_ablate_grpo_only: The same trainer with the grpo config (SFT term off).
+"""06_ablate_grpo_only: the RED-GRPO trainer of 05 with the `grpo` algorithm config (SFT term off).
 
-Not implemented yet (issue #6); it exits with status 2 and writes nothing.
+Same code path, same outputs layout (outputs/<run_id>/06_ablate_grpo_only/grpo/); only the config
+differs. Any 05 flag works here.
 """
+import importlib
 import sys
 
-from utils.cli import not_implemented
+from utils.stages import run_main
+
+STAGE = "06_ablate_grpo_only"
 
 if __name__ == "__main__":
-    sys.exit(not_implemented("06_ablate_grpo_only", "issue #6"))
+    trainer = importlib.import_module("05_train_red_grpo")
+    sys.exit(run_main(STAGE, lambda: trainer.train(STAGE, default_algorithm="grpo")))

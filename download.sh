@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetch or build what a run needs.
 #   bash download.sh                     # embedded default, offline: check/build tiny-arith, write synthetic_arith
-#   bash download.sh --rebuild-model     # re-run the tiny-arith pretraining recipe (~20 min on 2 cores)
+#   bash download.sh --rebuild-model     # re-run the tiny-arith pretraining recipe (~25 min on 2 cores)
 #   bash download.sh --model HF_ID       # a real base model from the hub, into models/<name>
 #   bash download.sh --dataset NAME      # gsm8k | finqa | hotpotqa from the hub, into data/<name>
 # Hub downloads fail within seconds, with a clear message, where the hub is unreachable.

@@ -57,15 +57,42 @@ def sample_fact(rng: random.Random, ops: tuple[str, ...], rng_bounds: OperandRan
             return a, op, b
 
 
+def _other_line(rng: random.Random, bounds: OperandRange) -> str:
+    """Comparisons, exact division, checks and bracketed chains: raw text that gives the model
+    every character the prompts and tags use ('<', '>', '/', '(', ':', the letters of "think",
+    "task", "answer", "result", "plan", "solve") without ever forming a tag."""
+    a, b = rng.randint(0, bounds.right_max), rng.randint(0, bounds.right_max)
+    form = rng.randrange(4)
+    if form == 0:
+        sign, truth = rng.choice([("<", a < b), (">", a > b)])
+        return f"{a}{sign}{b} is {'true' if truth else 'false'}"
+    if form == 1:
+        d = rng.randint(1, 9)
+        q = rng.randint(0, bounds.right_max // 2)
+        return f"{q * d}/{d}={q}"
+    if form == 2:
+        c = a + b if not is_heldout(a, "+", b) else a
+        shown = c if rng.random() < 0.5 else c + rng.choice([-1, 1])
+        verdict = "ok" if shown == c else "no"
+        return f"check: {a}+{b}={shown} {verdict}" if c == a + b else f"check: {a}={a} ok"
+    c = rng.randint(0, 30)
+    if is_heldout(a, "+", b) or is_heldout(a + b, "-", c):
+        return f"{a}={a}"
+    return f"solve ({a}+{b})-{c}: {a + b - c}"
+
+
 def pretrain_line(rng: random.Random, ops: tuple[str, ...], bounds: OperandRange) -> str:
     """One line of raw arithmetic text, in one of several surface forms (never held-out facts).
 
     The word forms teach the letters the prompts use; a share of two-step lines gives the base a
-    weak ability to answer multi-step sums directly, as a real pretrained model has.
+    weak ability to answer multi-step sums directly, as a real pretrained model has; a quarter of
+    the lines are other arithmetic text (`_other_line`).
     """
+    if rng.random() < 0.25:
+        return _other_line(rng, bounds)
     a, op, b = sample_fact(rng, ops, bounds, heldout=False)
     c = apply_op(a, op, b)
-    form = rng.randrange(6)
+    form = rng.randrange(5)
     if form == 0:
         return f"{a} {op} {b} = {c}"
     if form == 1:

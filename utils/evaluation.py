@@ -35,3 +35,26 @@ def greedy_eval(engine, codec: Codec, rows: list[dict], spec: RewardSpec, rollou
     episodes = Rollout(engine, codec, replace(rollout, temperature=0.0)).run(rows, n=1, seed=0)
     scored = score_episodes(episodes, spec)
     return summarize_scores(scored), scored
+
+
+def failure_category(record: dict) -> str:
+    """correct | wrong_answer | no_answer | malformed | hit_max_turns | executor_error."""
+    status = record["status"]
+    if status == "answered":
+        if not (record["prediction"] or "").strip():
+            return "no_answer"
+        return "correct" if record["answer"] >= 1.0 else "wrong_answer"
+    return {"max_turns": "hit_max_turns"}.get(status, status)
+
+
+def bootstrap_ci(values: list[float], seed: int = 0, resamples: int = 1000, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean, resampling items with a seeded RNG."""
+    import random
+
+    if not values:
+        return (0.0, 0.0)
+    rng, n = random.Random(seed), len(values)
+    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    lo = means[int((1 - level) / 2 * resamples)]
+    hi = means[min(int((1 + level) / 2 * resamples), resamples - 1)]
+    return (round(lo, 6), round(hi, 6))

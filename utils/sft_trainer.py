@@ -8,15 +8,14 @@ and on CPU its losses match. `logs/train.jsonl` is rewritten up to the resumed s
 """
 from __future__ import annotations
 
-import json
 import math
-import random
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from utils.manifest import atomic_write_json, atomic_write_text
+from utils.checkpoint import is_checkpoint, load_checkpoint, read_state, save_checkpoint
+from utils.tracking import MetricsLogger
 from utils.run_config import WarmupConfig
 from utils.sft import batches, sft_loss
 from utils.traces import Example
@@ -63,57 +62,21 @@ class SftLoop:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg))
         self.state = LoopState()
         self.ckpt = out_dir / "ckpt_sft"
-        self.log_path = out_dir / "logs" / "train.jsonl"
+        self.logger = MetricsLogger(out_dir / "logs" / "train.jsonl")
 
     # ------------------------------------------------------------ checkpoints
     def save_last(self) -> None:
-        torch = self.torch
-        tmp = self.ckpt / "last.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.model.save_pretrained(tmp / "weights")
-        torch.save({"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-                    "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, tmp / "trainer.pt")
-        atomic_write_json(tmp / "state.json", {**self.state.__dict__, "config_sha256": self.config_sha})
-        final = self.ckpt / "last"
-        old = self.ckpt / "last.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if final.exists():
-            final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
+        save_checkpoint(self.ckpt / "last", self.model, self.opt, self.sched, dict(self.state.__dict__),
+                        self.config_sha)
 
     def try_resume(self) -> bool:
         """Restore ckpt_sft/last if it belongs to this config; returns whether it resumed."""
-        torch = self.torch
         last = self.ckpt / "last"
-        if not (last / "state.json").is_file():
+        if not is_checkpoint(last) or read_state(last)[1] != self.config_sha:
             return False
-        saved = json.loads((last / "state.json").read_text())
-        if saved.pop("config_sha256") != self.config_sha:
-            return False
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        weights = last / "weights"
-        if (weights / "adapter_model.safetensors").is_file():
-            set_peft_model_state_dict(self.model, load_file(weights / "adapter_model.safetensors"))
-        else:
-            self.model.load_state_dict(load_file(weights / "model.safetensors"), strict=False)
-        blob = torch.load(last / "trainer.pt", weights_only=False)
-        self.opt.load_state_dict(blob["optimizer"])
-        self.sched.load_state_dict(blob["scheduler"])
-        torch.set_rng_state(blob["torch_rng"])
-        random.setstate(blob["python_rng"])
-        self.state = LoopState(**saved)
-        self._truncate_log(self.state.step)
+        self.state = LoopState(**load_checkpoint(last, self.model, self.opt, self.sched))
+        self.logger.truncate(self.state.step)
         return True
-
-    def _truncate_log(self, step: int) -> None:
-        if not self.log_path.is_file():
-            return
-        keep = [ln for ln in self.log_path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-        atomic_write_text(self.log_path, "".join(k + "\n" for k in keep))
 
     # ------------------------------------------------------------ loop
     def _next_batch(self) -> list[Example]:
@@ -139,31 +102,28 @@ class SftLoop:
         torch = self.torch
         if self.state.step == 0:
             torch.manual_seed(self.seed)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.model.train()
-        with self.log_path.open("a") as log:
-            while self.state.step < self.cfg.steps:
-                loss = sft_loss(self.model, self._next_batch(), self.pad_id)
-                self.opt.zero_grad(set_to_none=True)
-                loss.backward()
-                grad = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
-                self.opt.step()
-                self.sched.step()
-                self.state.step += 1
-                log.write(json.dumps({"step": self.state.step, "loss": round(loss.item(), 6),
-                                      "grad_norm": round(float(grad), 6), "lr": self.sched.get_last_lr()[0],
-                                      "epoch": self.state.epoch}) + "\n")
-                log.flush()
-                if progress is not None:
-                    progress.update(1)
-                    progress.set_postfix(loss=f"{loss.item():.4f}")
-                s = self.state.step
-                if (self.cfg.eval_every and s % self.cfg.eval_every == 0) or s == self.cfg.steps:
-                    self.model.eval()
-                    self._evaluate()
-                    self.model.train()
-                if s % self.cfg.save_every == 0 or s == self.cfg.steps:
-                    self.save_last()
+        while self.state.step < self.cfg.steps:
+            loss = sft_loss(self.model, self._next_batch(), self.pad_id)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
+            self.opt.step()
+            self.sched.step()
+            self.state.step += 1
+            self.logger.log({"step": self.state.step, "loss": round(loss.item(), 6),
+                             "grad_norm": round(float(grad), 6), "lr": self.sched.get_last_lr()[0],
+                             "epoch": self.state.epoch})
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix(loss=f"{loss.item():.4f}")
+            s = self.state.step
+            if (self.cfg.eval_every and s % self.cfg.eval_every == 0) or s == self.cfg.steps:
+                self.model.eval()
+                self._evaluate()
+                self.model.train()
+            if s % self.cfg.save_every == 0 or s == self.cfg.steps:
+                self.save_last()
         self.model.eval()
         save_weights(self.model, self.ckpt / "final")
         if not (self.ckpt / "best").exists():

@@ -1,0 +1,137 @@
+"""The RED-GRPO trainer: on-policy sampling through vLLM, a stale-sampler negative control,
+non-finite guards, the ablation configs, and SIGKILL + resume matching an uninterrupted run."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from test_sft_stages import prepared  # noqa: F401 - fixture
+from test_data_stages import manifest, run_stage
+from utils.config import ROOT
+from utils.rollout import Codec, Rollout, RolloutSpec
+from utils.run_config import DataConfig, load_run_config
+from utils.synthetic import generate_rows
+
+MISMATCH_TOL = 1e-4  # fp32 CPU; see tests/test_engines.py for the engine agreement itself
+
+
+def _trainer(cfg, engine, adapter, tmp_path, base_dir):
+    from utils.grpo_trainer import GrpoTrainer
+    from utils.reward_spec import RewardSpec
+    from utils.sft import gold_examples, load_policy
+    from utils.tracking import MetricsLogger
+
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    codec = Codec(tok, cfg.model.templates)
+    rows = [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])], "meta": {"steps": r["steps"]}}
+            for r in generate_rows(DataConfig(n_train=40, n_val=0, n_test=0))["train"]]
+    model = load_policy(base_dir, cfg.model.lora, adapter=adapter)
+    ro = Rollout(engine, codec, RolloutSpec(max_turns=4, temperature=1.0))
+    return GrpoTrainer(cfg, model, engine, ro, RewardSpec(), rows, gold_examples(rows, codec), tok.pad_token_id,
+                       tmp_path, MetricsLogger(tmp_path / "metrics.jsonl"), "sha")
+
+
+def _cfg(*extra):
+    return load_run_config(overrides=["algorithm.rl.steps=3", "algorithm.rl.questions_per_step=4",
+                                      "algorithm.rl.n_samples=4", "algorithm.rl.lr=0.003", "algorithm.rl.save_freq=100",
+                                      "algorithm.rl.dump_freq=0", *extra])
+
+
+def test_vllm_sampler_stays_on_policy_across_updates(vllm_engine, protocol_adapter, tmp_path, base_dir):
+    trainer = _trainer(_cfg(), vllm_engine, protocol_adapter, tmp_path, base_dir)
+    history = trainer.train()
+    assert len(history) == 3
+    for m in history:
+        assert m["rollout/logprob_mismatch"] < MISMATCH_TOL, m
+        assert m["train/skipped_nonfinite"] == 0
+    # the policy really moved, so matching log-probs means the sampler followed it
+    assert any(m["actor/ratio_mean"] != 1.0 or m["actor/pg_loss"] != 0.0 for m in history)
+
+
+def test_a_stale_sampler_is_detected(vllm_engine, protocol_adapter, tmp_path, base_dir, monkeypatch):
+    trainer = _trainer(_cfg("algorithm.rl.lr=0.02"), vllm_engine, protocol_adapter, tmp_path, base_dir)
+    vllm_engine.set_adapter(protocol_adapter)
+    monkeypatch.setattr(vllm_engine, "set_adapter", lambda path: None)  # the bug: updates never reach vLLM
+    history = trainer.train()
+    assert history[0]["rollout/logprob_mismatch"] < MISMATCH_TOL  # step 1 samples the initial policy
+    assert max(m["rollout/logprob_mismatch"] for m in history[1:]) > 10 * MISMATCH_TOL
+
+
+def test_non_finite_loss_skips_the_step(hf_engine, protocol_adapter, tmp_path, base_dir, monkeypatch):
+    import utils.grpo_trainer as gt
+
+    trainer = _trainer(_cfg("algorithm.rl.steps=1"), hf_engine, protocol_adapter, tmp_path, base_dir)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    real = gt.red_grpo_loss
+
+    def poisoned(*a, **k):
+        terms = real(*a, **k)
+        terms.loss = terms.loss * float("nan")
+        return terms
+    monkeypatch.setattr(gt, "red_grpo_loss", poisoned)
+    (m,) = trainer.train()
+    assert m["train/skipped_nonfinite"] == 1
+    for n, p in trainer.model.named_parameters():
+        if p.requires_grad:
+            assert torch.equal(p, before[n]), n
+
+
+@pytest.mark.parametrize("method,has_sft,has_rl", [("red", True, True), ("fixed_sft", True, True),
+                                                   ("grpo", False, True), ("sft", True, False)])
+def test_methods_are_configs_of_one_trainer(method, has_sft, has_rl, hf_engine, protocol_adapter, tmp_path, base_dir):
+    cfg = load_run_config(algorithm=method, overrides=["algorithm.rl.steps=1", "algorithm.rl.questions_per_step=2",
+                                                       "algorithm.rl.n_samples=2", "algorithm.rl.dump_freq=0"])
+    (m,) = _trainer(cfg, hf_engine, protocol_adapter, tmp_path, base_dir).train()
+    assert ("actor/sft_loss" in m) == has_sft
+    assert ("critic/rewards/mean" in m) == has_rl
+    if method == "fixed_sft":
+        assert (m["red/entropy_weight"], m["red/accuracy_factor"], m["red/final_weight"]) == (1.0, 1.0, 1.0)
+    if method == "red":
+        acc = m["red/batch_accuracy"]
+        assert m["red/accuracy_factor"] == pytest.approx(5.0 ** (1 - 2 * acc))
+    for k in ("time/weight_sync", "time/update"):
+        assert k in m
+
+
+def _run_05(out, args, run_id, extra=()):
+    cmd = [sys.executable, "05_train_red_grpo.py", "--set", f"outputs_dir={out}", "--run_id", run_id, *args,
+           "--set", "model.engine.name=hf", "--set", "algorithm.rl.steps=6", "--set", "algorithm.rl.save_freq=2",
+           "--set", "algorithm.rl.questions_per_step=2", "--set", "algorithm.rl.n_samples=2",
+           "--set", "wandb_mode=disabled", *extra]
+    return cmd
+
+
+def test_killed_training_resumes_and_matches_an_uninterrupted_run(prepared, tmp_path):  # noqa: F811
+    import shutil
+    out, args = prepared
+    sft = ["--set", "warmup.steps=20", "--set", "warmup.eval_every=0", "--set", "warmup.eval_size=2",
+           "--set", "model.engine.name=hf"]
+    assert run_stage("03_generate_sft_traces", out, *args) == 0
+    assert run_stage("04_sft_warmup", out, *args, *sft) == 0
+    shutil.copytree(out / "t", out / "ref")
+    ref = subprocess.run(_run_05(out, args + sft, "ref"), cwd=ROOT, capture_output=True, text=True)
+    assert ref.returncode == 0, ref.stderr
+    metrics = out / "t" / "05_train_red_grpo" / "red" / "metrics.jsonl"
+    proc = subprocess.Popen(_run_05(out, args + sft, "t"), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    again = subprocess.run(_run_05(out, args + sft, "t"), cwd=ROOT, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert "resuming red from step 2" in again.stdout
+    got = [json.loads(x) for x in metrics.read_text().splitlines()]
+    want = [json.loads(x) for x in (out / "ref" / "05_train_red_grpo" / "red" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in got] == [1, 2, 3, 4, 5, 6]
+    strip = lambda m: {k: v for k, v in m.items() if not k.startswith("time/")}  # noqa: E731
+    assert [strip(m) for m in got] == [strip(m) for m in want]
+    assert manifest(out, "05_train_red_grpo/red")["status"] == "completed"

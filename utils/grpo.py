@@ -1,0 +1,138 @@
+"""One RED-GRPO training step, as functions over explicit inputs (DESIGN.md §3, §5).
+
+    1. roll out questions x n samples on the engine serving the current adapter
+    2. score each episode with the reward spec
+    3. group advantages; every segment of an episode (planner and executor) gets its advantage
+    4. recompute log-probs of the sampled tokens with the trainer model
+    5. draw an SFT batch
+    6. one optimizer step on  L_GRPO − β·H_rl + w·α·L_SFT (+ kl_coef·KL)
+    7. update the RED state
+    8. give the new adapter to the engine
+
+Departures from the seed, stated once: the PPO "old" log-probs are the trainer's recomputation
+(the sampler's log-probs are compared with them and the mean absolute difference is logged as
+`rollout/logprob_mismatch`, so a stale sampler is visible); the KL reference is the base model
+with the LoRA adapter disabled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from utils.losses import (aggregate, advantages, gather_logprobs, k3_kl, ppo_clip_loss, red_weights,
+                          sft_cross_entropy, token_entropy)
+from utils.rollout import Episode
+from utils.traces import Example
+
+
+@dataclass
+class RlBatch:
+    """Padded training sequences of one rollout batch. ids/mask/sampler_lp [S, T]; adv [S]."""
+
+    ids: torch.Tensor
+    attn: torch.Tensor
+    mask: torch.Tensor  # over next-token positions: [S, T-1]
+    sampler_lp: torch.Tensor  # [S, T-1]
+    adv: torch.Tensor  # [S]
+    roles: list[str]
+
+
+def episode_sequences(ep: Episode) -> list[tuple[str, list[int], list[int], list[float]]]:
+    """(role, ids, mask, sampler log-probs) for the planner conversation and each executor call."""
+    out = []
+    ids, mask, lps = ep.planner_sequence()
+    if ids:
+        out.append(("planner", ids, mask, lps))
+    for s in ep.segments:
+        if s.role == "executor" and s.gen_ids:
+            out.append(("executor", s.context_ids + s.gen_ids, s.loss_mask,
+                        [0.0] * len(s.context_ids) + list(s.logprobs)))
+    return out
+
+
+def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int) -> RlBatch | None:
+    seqs = []
+    for ep, a in zip(episodes, adv.tolist()):
+        for role, ids, mask, lps in episode_sequences(ep):
+            if sum(mask):
+                seqs.append((role, ids, mask, lps, a))
+    if not seqs:
+        return None
+    width = max(len(s[1]) for s in seqs)
+    n = len(seqs)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, width))
+    lp = torch.zeros((n, width))
+    for i, (_, s_ids, s_mask, s_lp, _) in enumerate(seqs):
+        ids[i, :len(s_ids)] = torch.tensor(s_ids)
+        attn[i, :len(s_ids)] = 1
+        mask[i, :len(s_ids)] = torch.tensor(s_mask, dtype=torch.float)
+        lp[i, :len(s_ids)] = torch.tensor(s_lp)
+    # position t of ids is predicted from position t-1: shift the token-aligned mask and log-probs
+    return RlBatch(ids, attn, mask[:, 1:], lp[:, 1:], torch.tensor([s[4] for s in seqs]), [s[0] for s in seqs])
+
+
+def sft_batch(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    width = max(len(e.ids) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    mask = torch.zeros((len(examples), width))
+    for i, e in enumerate(examples):
+        ids[i, :len(e.ids)] = torch.tensor(e.ids)
+        attn[i, :len(e.ids)] = 1
+        mask[i, :len(e.ids)] = torch.tensor(e.mask, dtype=torch.float)
+    return ids, attn, mask[:, 1:]
+
+
+def forward_logprobs(model, ids, attn, with_entropy: bool = False):
+    """Next-token log-probs [S, T-1] (and entropies [S, T-1]) of `ids` under `model`."""
+    logits = model(input_ids=ids, attention_mask=attn).logits
+    logp = gather_logprobs(logits, ids)
+    return (logp, token_entropy(logits[:, :-1])) if with_entropy else (logp, None)
+
+
+@dataclass
+class LossTerms:
+    loss: torch.Tensor
+    stats: dict
+
+
+def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor, sft: tuple | None, alg, red_state,
+                  batch_accuracy: float) -> LossTerms:
+    """L = L_GRPO − β·H_rl + w·α·L_SFT + kl_coef·KL, with every term's value in `stats`."""
+    rl = alg.rl
+    logp, ent = forward_logprobs(model, batch.ids, batch.attn, with_entropy=True)
+    pg, pg_stats = ppo_clip_loss(logp, old_lp, batch.adv, batch.mask, rl.clip_low, rl.clip_high, rl.loss_agg)
+    h_rl = aggregate("token-mean", ent, batch.mask)
+    loss = pg - rl.entropy_coef * h_rl
+    stats = {"actor/pg_loss": pg.item(), "actor/rl_entropy": h_rl.item(), "actor/clip_frac": pg_stats["clip_frac"],
+             "actor/ratio_mean": pg_stats["ratio_mean"]}
+    if rl.kl_coef > 0:
+        with torch.no_grad(), model.disable_adapter():
+            ref_lp, _ = forward_logprobs(model, batch.ids, batch.attn)
+        kl = aggregate(rl.loss_agg, k3_kl(logp, ref_lp), batch.mask)
+        loss = loss + rl.kl_coef * kl
+        stats["actor/kl"] = kl.item()
+    if sft is not None:
+        s_ids, s_attn, s_mask = sft
+        s_lp, s_ent = forward_logprobs(model, s_ids, s_attn, with_entropy=True)
+        l_sft = sft_cross_entropy(s_lp, s_mask)
+        h_sft = aggregate("token-mean", s_ent, s_mask)
+        w = red_weights(red_state, batch_accuracy, alg.red.G, alg.red.accuracy_aware_policy_shift,
+                        alg.red.weight_min, alg.red.weight_max)
+        loss = loss + w["red/final_weight"] * alg.sft.loss_coef * l_sft
+        stats.update(w)
+        stats.update({"actor/sft_loss": l_sft.item(), "actor/sft_entropy": h_sft.item()})
+    stats["actor/loss"] = loss.item()
+    return LossTerms(loss, stats)
+
+
+def group_advantages(rewards: list[float], n: int, scaling: str) -> torch.Tensor:
+    return advantages(scaling, torch.tensor(rewards, dtype=torch.float), n)
+
+
+def zero_variance_fraction(rewards: list[float], n: int) -> float:
+    groups = [rewards[i:i + n] for i in range(0, len(rewards), n)]
+    return sum(max(g) - min(g) < 1e-9 for g in groups) / max(len(groups), 1)

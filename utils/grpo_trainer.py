@@ -1,0 +1,219 @@
+"""The RED-GRPO training loop: steps, logging, checkpoints, resume and guards.
+
+Checkpoints (`ckpt/step_N/`, every `save_freq` steps, last `keep_last` kept) are assembled under a
+temporary name and renamed, and hold everything a resume restores: the adapter, the optimizer,
+the scheduler, torch/python RNG states, the RED state, the question and SFT data cursors and the
+step. Rollout randomness derives from (seed, step, index), so a resumed run on CPU reproduces an
+uninterrupted one. A non-finite loss or gradient skips the optimizer step (logged as
+`train/skipped_nonfinite`) and never reaches a checkpoint.
+"""
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from utils.evaluation import score_episodes
+from utils.grpo import (build_rl_batch, forward_logprobs, group_advantages, red_grpo_loss, sft_batch,
+                        zero_variance_fraction)
+from utils.checkpoint import is_checkpoint, load_checkpoint, read_state, save_checkpoint
+from utils.losses import RedState, red_update
+from utils.rollout import Rollout, dump_episodes
+from utils.sft_trainer import save_weights
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    q_epoch: int = 0
+    q_cursor: int = 0
+    s_epoch: int = 0
+    s_cursor: int = 0
+    red: dict = field(default_factory=lambda: asdict(RedState()))
+
+
+def _take(items: list, k: int, seed: int, state: TrainState, prefix: str) -> list:
+    """The next k items of a (seed, epoch)-shuffled stream; advances the cursor in `state`."""
+    out = []
+    while len(out) < k:
+        epoch, cursor = getattr(state, f"{prefix}_epoch"), getattr(state, f"{prefix}_cursor")
+        order = list(range(len(items)))
+        random.Random(f"{seed}/{prefix}/{epoch}").shuffle(order)
+        if cursor >= len(order):
+            setattr(state, f"{prefix}_epoch", epoch + 1)
+            setattr(state, f"{prefix}_cursor", 0)
+            continue
+        out.append(items[order[cursor]])
+        setattr(state, f"{prefix}_cursor", cursor + 1)
+    return out
+
+
+class GrpoTrainer:
+    def __init__(self, cfg, model, engine, rollout: Rollout, spec, rows: list[dict], sft_examples: list,
+                 pad_id: int, out_dir: Path, logger, config_sha: str):
+        self.cfg, self.alg, self.model, self.engine, self.rollout = cfg, cfg.algorithm, model, engine, rollout
+        self.spec, self.rows, self.sft_examples, self.pad_id = spec, rows, sft_examples, pad_id
+        self.out, self.logger, self.config_sha = out_dir, logger, config_sha
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=self.alg.rl.lr, weight_decay=0.0)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1.0)
+        self.state = TrainState()
+        self.ckpt_dir = out_dir / "ckpt"
+        self.policy_dir = out_dir / "policy"
+
+    # ------------------------------------------------------------ checkpoints
+    def save(self) -> Path:
+        final = save_checkpoint(self.ckpt_dir / f"step_{self.state.step}", self.model, self.opt, self.sched,
+                                asdict(self.state), self.config_sha)
+        for old in self.checkpoints()[:-self.alg.rl.keep_last]:
+            shutil.rmtree(old)
+        return final
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first."""
+        if not self.ckpt_dir.is_dir():
+            return []
+        found = [p for p in self.ckpt_dir.glob("step_*") if is_checkpoint(p)]
+        return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+
+    def try_resume(self) -> bool:
+        ckpts = self.checkpoints()
+        if not ckpts:
+            return False
+        last = ckpts[-1]
+        if read_state(last)[1] != self.config_sha:
+            raise RuntimeError(f"{last} was written with a different config; use another run_id")
+        self.state = TrainState(**load_checkpoint(last, self.model, self.opt, self.sched))
+        self.logger.truncate(self.state.step)
+        return True
+
+    def sync_policy(self) -> float:
+        """Give the current adapter to the engine; returns seconds."""
+        t0 = time.time()
+        target = self.policy_dir / f"step_{self.state.step}"
+        save_weights(self.model, target)
+        self.engine.set_adapter(target)
+        for old in self.policy_dir.glob("step_*"):
+            if old != target:
+                shutil.rmtree(old, ignore_errors=True)
+        return time.time() - t0
+
+    # ------------------------------------------------------------ one step
+    def sft_only_step(self) -> dict:
+        """Method `sft`: the same optimizer on α·L_SFT alone, no rollouts (the no-RL ablation)."""
+        from utils.grpo import forward_logprobs as flp
+        from utils.losses import aggregate, sft_cross_entropy
+
+        t0 = time.time()
+        ids, attn, mask = sft_batch(_take(self.sft_examples, self.alg.sft.batch_size, self.cfg.seed, self.state, "s"),
+                                    self.pad_id)
+        logp, ent = flp(self.model, ids, attn, with_entropy=True)
+        loss = self.alg.sft.loss_coef * sft_cross_entropy(logp, mask)
+        skipped = 0
+        self.opt.zero_grad(set_to_none=True)
+        if torch.isfinite(loss):
+            loss.backward()
+            grad = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
+            if torch.isfinite(grad):
+                self.opt.step()
+                self.sched.step()
+            else:
+                skipped = 1
+        else:
+            skipped = 1
+        self.state.step += 1
+        timings = {"time/update": time.time() - t0, "time/weight_sync": self.sync_policy()}
+        return {"step": self.state.step, "actor/sft_loss": round(loss.item() / max(self.alg.sft.loss_coef, 1e-12), 6),
+                "actor/sft_entropy": round(aggregate("token-mean", ent.detach(), mask).item(), 6),
+                "train/skipped_nonfinite": skipped, **timings}
+
+    def step(self) -> dict:
+        rl, seed, timings = self.alg.rl, self.cfg.seed, {}
+        if not rl.enabled:
+            return self.sft_only_step()
+        t0 = time.time()
+        rows = _take(self.rows, rl.questions_per_step, seed, self.state, "q")
+        episodes = self.rollout.run(rows, n=rl.n_samples, seed=seed, step=self.state.step)
+        timings["time/rollout"] = time.time() - t0
+        t0 = time.time()
+        scored = score_episodes(episodes, self.spec)
+        rewards = [s["reward"] for s in scored]
+        accuracy = sum(s["answer"] for s in scored) / len(scored)
+        adv = group_advantages(rewards, rl.n_samples, rl.adv_scaling)
+        timings["time/scoring"] = time.time() - t0
+        t0 = time.time()
+        batch = build_rl_batch(episodes, adv, self.pad_id)
+        with torch.no_grad():
+            old_lp, _ = forward_logprobs(self.model, batch.ids, batch.attn) if batch else (None, None)
+        mismatch = ((old_lp - batch.sampler_lp).abs() * batch.mask).sum() / batch.mask.sum() if batch else torch.tensor(0.)
+        timings["time/logprobs"] = time.time() - t0
+        t0 = time.time()
+        sft = None
+        if self.alg.sft.enabled and self.sft_examples:
+            sft = sft_batch(_take(self.sft_examples, self.alg.sft.batch_size, seed, self.state, "s"), self.pad_id)
+        stats, skipped = {}, 0
+        red = RedState(**self.state.red)
+        for _ in range(rl.ppo_epochs):
+            if batch is None:
+                break
+            terms = red_grpo_loss(self.model, batch, old_lp, sft, self.alg, red, accuracy)
+            stats = terms.stats
+            if not torch.isfinite(terms.loss):
+                skipped = 1
+                break
+            self.opt.zero_grad(set_to_none=True)
+            terms.loss.backward()
+            grad = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
+            if not torch.isfinite(grad):
+                self.opt.zero_grad(set_to_none=True)
+                skipped = 1
+                break
+            stats["actor/grad_norm"] = float(grad)
+            self.opt.step()
+            self.sched.step()
+        if sft is not None and "actor/sft_entropy" in stats and not skipped:
+            red = red_update(red, stats["actor/sft_entropy"], stats["actor/rl_entropy"],
+                             self.alg.red.sft_entropy_ema_decay, self.alg.red.rl_entropy_ema_decay)
+        self.state.red = asdict(red)
+        timings["time/update"] = time.time() - t0
+        self.state.step += 1
+        timings["time/weight_sync"] = self.sync_policy()
+        n = len(scored)
+        metrics = {
+            "step": self.state.step, "critic/rewards/mean": sum(rewards) / n,
+            "answer_f1/mean": accuracy, "format_scores/mean": sum(s["format"] for s in scored) / n,
+            "train/zero_variance_groups": zero_variance_fraction(rewards, rl.n_samples),
+            "train/skipped_nonfinite": skipped, "rollout/logprob_mismatch": float(mismatch),
+            "rollout/turns_per_episode": sum(s["turns"] for s in scored) / n,
+            "rollout/tokens_planner": sum(s["tokens_planner"] for s in scored) / n,
+            "rollout/tokens_executor": sum(s["tokens_executor"] for s in scored) / n,
+            "rollout/answered": sum(s["status"] == "answered" for s in scored) / n,
+            **stats, **timings,
+        }
+        if rl.dump_freq and self.state.step % rl.dump_freq == 0:
+            dump_episodes(episodes, self.out / "episodes" / f"step_{self.state.step}.jsonl")
+        return {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
+
+    def train(self, progress=None) -> list[dict]:
+        history = []
+        if self.state.step == 0:
+            torch.manual_seed(self.cfg.seed)
+        self.sync_policy()
+        while self.state.step < self.alg.rl.steps:
+            self.model.train()
+            metrics = self.step()
+            self.logger.log(metrics)
+            history.append(metrics)
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3f}" for k in
+                                      ("critic/rewards/mean", "answer_f1/mean", "actor/sft_loss") if k in metrics})
+            if self.state.step % self.alg.rl.save_freq == 0 or self.state.step == self.alg.rl.steps:
+                self.save()
+        self.model.eval()
+        return history
