@@ -104,6 +104,20 @@ class GrpoTrainer:
         return time.time() - t0
 
     # ------------------------------------------------------------ one step
+    def _optimize(self, loss: torch.Tensor) -> tuple[int, float | None]:
+        """One clipped optimizer step; (1, None) and no update if the loss or gradient is non-finite."""
+        self.opt.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            return 1, None
+        loss.backward()
+        grad = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
+        if not torch.isfinite(grad):
+            self.opt.zero_grad(set_to_none=True)
+            return 1, None
+        self.opt.step()
+        self.sched.step()
+        return 0, float(grad)
+
     def sft_only_step(self) -> dict:
         """Method `sft`: the same optimizer on α·L_SFT alone, no rollouts (the no-RL ablation)."""
         from utils.grpo import forward_logprobs as flp
@@ -114,18 +128,7 @@ class GrpoTrainer:
                                     self.pad_id)
         logp, ent = flp(self.model, ids, attn, with_entropy=True)
         loss = self.alg.sft.loss_coef * sft_cross_entropy(logp, mask)
-        skipped = 0
-        self.opt.zero_grad(set_to_none=True)
-        if torch.isfinite(loss):
-            loss.backward()
-            grad = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
-            if torch.isfinite(grad):
-                self.opt.step()
-                self.sched.step()
-            else:
-                skipped = 1
-        else:
-            skipped = 1
+        skipped, _ = self._optimize(loss)
         self.state.step += 1
         timings = {"time/update": time.time() - t0, "time/weight_sync": self.sync_policy()}
         return {"step": self.state.step, "actor/sft_loss": round(loss.item() / max(self.alg.sft.loss_coef, 1e-12), 6),
@@ -163,19 +166,10 @@ class GrpoTrainer:
                 break
             terms = red_grpo_loss(self.model, batch, old_lp, sft, self.alg, red, accuracy)
             stats = terms.stats
-            if not torch.isfinite(terms.loss):
-                skipped = 1
+            skipped, grad = self._optimize(terms.loss)
+            if skipped:
                 break
-            self.opt.zero_grad(set_to_none=True)
-            terms.loss.backward()
-            grad = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
-            if not torch.isfinite(grad):
-                self.opt.zero_grad(set_to_none=True)
-                skipped = 1
-                break
-            stats["actor/grad_norm"] = float(grad)
-            self.opt.step()
-            self.sched.step()
+            stats["actor/grad_norm"] = grad
         if sft is not None and "actor/sft_entropy" in stats and not skipped:
             red = red_update(red, stats["actor/sft_entropy"], stats["actor/rl_entropy"],
                              self.alg.red.sft_entropy_ema_decay, self.alg.red.rl_entropy_ema_decay)

@@ -5,7 +5,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import yaml
@@ -13,22 +13,17 @@ import yaml
 from utils.config import field, from_dict, read_yaml, to_dict
 from utils.manifest import atomic_write_text
 from utils.rewards import SCORERS, RewardWeights, answer_score, composite
-from utils.run_config import JudgeConfig, RunConfig
+from utils.run_config import RewardConfig, RunConfig
 
 FORMULA = "answer_scale*score + answer_shift + format_weight*format - efficiency_weight*max(0, tokens/efficiency_budget - 1)"
 
 
 @dataclass
-class RewardSpec:
+class RewardSpec(RewardConfig):
+    """The `reward` config section plus the scorer it applies and the formula, for readers."""
+
     scorer: str = field("numeric", "Answer scorer: em | f1 | cem | numeric.")
-    answer_scale: float = field(6.0, "See reward.answer_scale.")
-    answer_shift: float = field(-3.0, "See reward.answer_shift.")
-    format_weight: float = field(0.1, "See reward.format_weight.")
-    efficiency_weight: float = field(0.0, "See reward.efficiency_weight.")
-    efficiency_budget: int = field(256, "See reward.efficiency_budget.")
-    numeric_rel_tol: float = field(1e-4, "See reward.numeric_rel_tol.")
     formula: str = field(FORMULA, "The composite, for readers of the spec.")
-    judge: JudgeConfig = field(JudgeConfig(), "Optional LLM judge.")
 
     @property
     def weights(self) -> RewardWeights:
@@ -39,9 +34,8 @@ class RewardSpec:
 def spec_from_config(cfg: RunConfig) -> RewardSpec:
     if cfg.data.scorer not in SCORERS:
         raise ValueError(f"data.scorer: unknown scorer '{cfg.data.scorer}'; valid: {', '.join(sorted(SCORERS))}")
-    r = cfg.reward
-    return RewardSpec(cfg.data.scorer, r.answer_scale, r.answer_shift, r.format_weight, r.efficiency_weight,
-                      r.efficiency_budget, r.numeric_rel_tol, FORMULA, r.judge)
+    section = {f.name: getattr(cfg.reward, f.name) for f in fields(cfg.reward)}
+    return RewardSpec(**section, scorer=cfg.data.scorer, formula=FORMULA)
 
 
 def write_spec(spec: RewardSpec, path: Path) -> None:
