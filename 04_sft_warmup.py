@@ -81,6 +81,7 @@ def main(argv=None) -> int:
             run.add_input(p)
         validator = Validator(cfg, base, rows, read_spec(rewards_dir / "reward_spec.yaml"),
                               Codec(tok, cfg.model.templates), out)
+        torch.manual_seed(cfg.seed)  # LoRA init draws from torch's RNG
         model = load_policy(base, cfg.model.lora, cfg.model.dtype)
         loop = SftLoop(model, examples, cfg.warmup, cfg.seed, tok.pad_token_id, out,
                        lambda d, s: validator(model, d, s), run.data["config_sha256"])

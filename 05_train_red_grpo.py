@@ -54,6 +54,7 @@ def train(stage: str, argv=None, default_algorithm: str = "red") -> int:
             run.add_input(p)
         tok = AutoTokenizer.from_pretrained(base)
         rows = [json.loads(x) for x in train_path.read_text().splitlines() if x.strip()]
+        torch.manual_seed(cfg.seed)  # LoRA init draws from torch's RNG
         model = load_policy(base, cfg.model.lora, cfg.model.dtype, adapter=adapter)
         engine = make_engine(cfg.model.engine.name, base, cfg.model.engine, cfg.seed)
         rl = cfg.algorithm.rl

@@ -1,4 +1,4 @@
-"""A test engine that emits scripted text, for malformed-output cases no real policy produces on demand.
+"""A test engine that emits scripted text (item k of a role's script for its k-th call), for malformed-output cases no real policy produces on demand.
 
 The *text* is scripted; the log-probs are the real base model's for that text (teacher forcing),
 and stop strings are applied exactly as the real engines apply them, so everything downstream of
@@ -29,9 +29,10 @@ class ScriptedEngine:
         role = roles.pop()
         self.calls[role] += 1
         out = []
+        script = self.scripts[role]
+        text_for_call = script[min(self.calls[role] - 1, len(script) - 1)]  # call k of a role gets item k
         for p in prompts:
-            script = self.scripts[role]
-            text = script.pop(0) if len(script) > 1 else script[0]
+            text = text_for_call
             ids = self.tokenizer.encode(text, add_special_tokens=False)[: spec.max_tokens]
             keep, text, reason = _truncate_at_stop(self.tokenizer, ids, spec.stop, self.tokenizer.eos_token_id)
             ids = ids[:keep]

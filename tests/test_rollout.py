@@ -47,7 +47,7 @@ def test_well_formed_episode(hf_base, tok):
     (["<think>x</think><task>  </task>"], GOOD_EXECUTOR, "malformed", "empty <task>"),
     (["<think>a</think><task>1+1</task>"], ["<think>1+1=2</think><answer>2</answer>"], "max_turns", "no <answer> after 3"),
     (GOOD_PLANNER, ["<think>12+7 is hard and I will never stop thinking"], "executor_error", "never closed <answer>"),
-    (["\udcff\x00<<<>>>" * 20_000], GOOD_EXECUTOR, "malformed", "neither"),
+    (["\x00\x7f<<<>>>" * 20_000], GOOD_EXECUTOR, "malformed", "neither"),
     (["<task>1+1</task><answer>2"], GOOD_EXECUTOR, "max_turns", None),
 ])
 def test_malformed_output_ends_cleanly_with_format_zero(hf_base, tok, planner, executor, status, error):
@@ -61,9 +61,10 @@ def test_malformed_output_ends_cleanly_with_format_zero(hf_base, tok, planner, e
 
 
 def test_one_engine_call_per_role_per_turn(hf_base, tok):
-    eps, engine = scripted(hf_base, tok, GOOD_PLANNER * 4, GOOD_EXECUTOR * 4, n_rows=2, n=2)
+    eps, engine = scripted(hf_base, tok, GOOD_PLANNER, GOOD_EXECUTOR, n_rows=2, n=2)
     assert len(eps) == 4
     assert engine.calls == {"planner": 3, "executor": 2}
+    assert all(e.status == "answered" and e.final_answer == "16" for e in eps)
 
 
 def test_result_tokens_are_never_trained(hf_base, tok):
@@ -93,6 +94,8 @@ def test_episodes_round_trip_through_jsonl(hf_base, tok, tmp_path):
 
 def test_context_overflow_ends_the_episode(hf_base, tok):
     engine = ScriptedEngine(hf_base, tok, GOOD_PLANNER, GOOD_EXECUTOR)
-    ro = Rollout(engine, Codec(tok, TemplatesConfig()), RolloutSpec(max_model_len=40))
+    _, prompt = Codec(tok, TemplatesConfig()).planner_prompt(ROW["question"])
+    ro = Rollout(engine, Codec(tok, TemplatesConfig()), RolloutSpec(max_model_len=len(prompt)))
     (ep,) = ro.run([ROW], n=1, seed=0)
-    assert ep.status in ("malformed", "executor_error") and "max_model_len" in ep.error
+    assert ep.status == "malformed" and ep.error == "planner context exceeds max_model_len"
+    assert ep.format_score == 0.0 and not ep.segments

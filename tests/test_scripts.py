@@ -24,13 +24,18 @@ def test_layout_has_every_numbered_stage():
         assert (ROOT / name).is_file(), name
 
 
+NOT_YET = {"08_compare_runs.py"}
+
+
 @pytest.mark.parametrize("stage", STAGES)
-def test_every_stage_runs_or_says_it_is_not_implemented(stage):
-    out = _run([sys.executable, stage])
-    if out.returncode == 2 and "not implemented yet" in out.stderr:
+def test_every_stage_answers_help_or_says_it_is_not_implemented(stage):
+    if stage in NOT_YET:
+        out = _run([sys.executable, stage])
+        assert out.returncode == 2 and "not implemented yet" in out.stderr
         assert "No outputs were written" in out.stderr
-    else:  # an implemented stage must at least answer --help
-        assert _run([sys.executable, stage, "--help"]).returncode == 0
+    else:
+        out = _run([sys.executable, stage, "--help"])
+        assert out.returncode == 0 and "usage:" in out.stdout
 
 
 def test_setup_second_run_has_nothing_to_do():

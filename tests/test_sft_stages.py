@@ -1,5 +1,6 @@
 """Stages 03-04: SFT traces in the rollout protocol, masked LoRA SFT, resume after a kill."""
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -64,10 +65,14 @@ def test_solution_traces_from_gsm8k_worked_solutions(tmp_path):
     for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces"):
         assert run_stage(stage, out, *args) == 0
     recs = _records(out)
-    assert recs and all(r["source"] == "solution" for r in recs)
-    sample = next(r for r in recs if r["question"].startswith("Theo"))
-    assert sample["executor_calls"][0] == ["4*3", "<think>4*3=12</think><answer>12</answer>"]
-    assert sample["planner_turns"][-1] == "<think>120</think><answer>120</answer>"
+    assert len(recs) >= 3 and all(r["source"] == "solution" for r in recs)
+    for r in recs:  # every worked line "expr = n" became a subtask whose executor answers n
+        for task, text in r["executor_calls"]:
+            result = re.fullmatch(r"<think>(.+)=(.+)</think><answer>(.+)</answer>", text)
+            assert result and result.group(1) == task and result.group(2) == result.group(3)
+        assert r["planner_turns"][-1] == f"<think>{r['answer']}</think><answer>{r['answer']}</answer>"
+    theo = [r for r in recs if r["question"].startswith("Theo")]
+    assert not theo or theo[0]["executor_calls"][0] == ["4*3", "<think>4*3=12</think><answer>12</answer>"]
 
 
 def test_teacher_traces_are_rejection_sampled(prepared, protocol_adapter):

@@ -83,11 +83,12 @@ class GrpoTrainer:
 
     def try_resume(self) -> bool:
         ckpts = self.checkpoints()
-        if not ckpts:
+        if not ckpts or read_state(ckpts[-1])[1] != self.config_sha:
+            # a fresh start: drop what an earlier run (killed, or with another config) left behind
+            shutil.rmtree(self.ckpt_dir, ignore_errors=True)
+            self.logger.truncate(0)
             return False
         last = ckpts[-1]
-        if read_state(last)[1] != self.config_sha:
-            raise RuntimeError(f"{last} was written with a different config; use another run_id")
         self.state = TrainState(**load_checkpoint(last, self.model, self.opt, self.sched))
         self.logger.truncate(self.state.step)
         return True

@@ -104,7 +104,7 @@ def gold_examples(rows: list[dict], codec) -> list[Example]:
     return out
 
 
-def train_gold_adapter(base_path: Path, out_dir: Path, n_rows: int = 400, steps: int = 300, seed: int = 0) -> Path:
+def train_gold_adapter(base_path: Path, out_dir: Path, n_rows: int = 400, steps: int = 150, seed: int = 0) -> Path:
     """A quickly SFT-trained protocol-following LoRA adapter on synthetic gold traces (tests, benchmarks)."""
     from transformers import AutoTokenizer
 

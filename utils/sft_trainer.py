@@ -73,6 +73,9 @@ class SftLoop:
         """Restore ckpt_sft/last if it belongs to this config; returns whether it resumed."""
         last = self.ckpt / "last"
         if not is_checkpoint(last) or read_state(last)[1] != self.config_sha:
+            # a fresh start: drop what an earlier run (killed, or with another config) left behind
+            shutil.rmtree(last, ignore_errors=True)
+            self.logger.truncate(0)
             return False
         self.state = LoopState(**load_checkpoint(last, self.model, self.opt, self.sched))
         self.logger.truncate(self.state.step)
