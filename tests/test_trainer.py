@@ -132,6 +132,11 @@ def test_killed_training_resumes_and_matches_an_uninterrupted_run(prepared, tmp_
     got = [json.loads(x) for x in metrics.read_text().splitlines()]
     want = [json.loads(x) for x in (out / "ref" / "05_train_red_grpo" / "red" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in got] == [1, 2, 3, 4, 5, 6]
-    strip = lambda m: {k: v for k, v in m.items() if not k.startswith("time/")}  # noqa: E731
+    # the training state must match exactly; wall times differ, and the sampler/trainer mismatch is a
+    # float-noise diagnostic (~1e-6) that varies with batch composition, so it gets a tolerance
+    noisy = ("time/", "rollout/logprob_mismatch")
+    strip = lambda m: {k: v for k, v in m.items() if not k.startswith(noisy)}  # noqa: E731
     assert [strip(m) for m in got] == [strip(m) for m in want]
+    for g, w in zip(got, want):
+        assert abs(g["rollout/logprob_mismatch"] - w["rollout/logprob_mismatch"]) < 1e-4
     assert manifest(out, "05_train_red_grpo/red")["status"] == "completed"
