@@ -20,7 +20,7 @@ from utils.rollout import Codec, Rollout, RolloutSpec
 from utils.run_config import to_dict
 from utils.sft import load_policy
 from utils.sft_trainer import save_weights
-from utils.stages import StageError, config_slice, model_dir, output_path, parent, run_main, stage_dir
+from utils.stages import config_slice, model_dir, output_path, parent, run_main, stage_dir
 from utils.traces import read_trace_examples
 from utils.tracking import MetricsLogger
 
@@ -66,14 +66,11 @@ def train(stage: str, argv=None, default_algorithm: str = "red") -> int:
         trainer = GrpoTrainer(cfg, model, engine, rollout, read_spec(rewards_dir / "reward_spec.yaml"), rows,
                               read_trace_examples(traces_dir / "sft_traces.jsonl"), tok.pad_token_id, out, logger,
                               run.data["config_sha256"])
-        try:
-            resumed = trainer.try_resume()
-        except RuntimeError as exc:
-            raise StageError(str(exc)) from None
+        resumed = trainer.try_resume()
         if resumed:
             print(f"{stage}: resuming {method} from step {trainer.state.step}")
         with tqdm(total=rl.steps, initial=trainer.state.step, desc=f"{method}", unit="step") as bar:
-            history = trainer.train(bar)
+            trainer.train(bar)
         logger.finish()
         save_weights(model, out / "final_adapter")
         engine.close()

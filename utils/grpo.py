@@ -23,6 +23,7 @@ import torch
 from utils.losses import (aggregate, advantages, gather_logprobs, k3_kl, ppo_clip_loss, red_weights,
                           sft_cross_entropy, token_entropy)
 from utils.rollout import Episode
+from utils.sft import collate
 from utils.traces import Example
 
 
@@ -75,15 +76,9 @@ def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int) -> R
 
 
 def sft_batch(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    width = max(len(e.ids) for e in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    mask = torch.zeros((len(examples), width))
-    for i, e in enumerate(examples):
-        ids[i, :len(e.ids)] = torch.tensor(e.ids)
-        attn[i, :len(e.ids)] = 1
-        mask[i, :len(e.ids)] = torch.tensor(e.mask, dtype=torch.float)
-    return ids, attn, mask[:, 1:]
+    """(ids, attention mask, next-token loss mask [S, T-1]) of SFT examples, padded by `collate`."""
+    ids, attn, labels = collate(examples, pad_id)
+    return ids, attn, (labels[:, 1:] != -100).float()
 
 
 def forward_logprobs(model, ids, attn, with_entropy: bool = False):

@@ -69,7 +69,7 @@ def model_dir(cfg: RunConfig, path: str | None = None) -> Path:
     p = repo_path(path or cfg.model.path)
     if not (p / "config.json").is_file():
         hint = ("run `bash download.sh` to check or rebuild the embedded tiny-arith" if "tiny-arith" in str(p)
-                else f"run `bash download.sh --model HUB_ID` or copy the model there")
+                else "run `bash download.sh --model HUB_ID` or copy the model there")
         raise StageError(f"model.path: no model at {p} (no config.json); {hint}")
     return p
 

@@ -12,7 +12,6 @@ weights records the recipe, its hash, the held-out accuracy and the wall time.
 from __future__ import annotations
 
 import json
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -145,17 +144,12 @@ def greedy_accuracy(model, items: list[tuple[str, str]], batch: int = 128) -> fl
     return correct / max(len(items), 1)
 
 
-def _lr_at(step: int, cfg: PretrainConfig) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(cfg.steps - cfg.warmup_steps, 1)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 def pretrain(cfg: PretrainConfig, log=print):
     """Train a fresh model by the recipe; returns (model, history of (step, loss, held-out acc))."""
     import torch
     from transformers import LlamaForCausalLM
+
+    from utils.sft_trainer import warmup_cosine
 
     torch.manual_seed(cfg.seed)
     if cfg.threads:
@@ -169,7 +163,7 @@ def pretrain(cfg: PretrainConfig, log=print):
         model.train()
         ids, labels = pack_batch(rng, cfg, vocab)
         for group in opt.param_groups:
-            group["lr"] = _lr_at(step, cfg)
+            group["lr"] = cfg.lr * warmup_cosine(step, cfg.warmup_steps, cfg.steps)
         loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
