@@ -4,19 +4,69 @@
                         [--config run.yaml] [--model tiny-arith] [--data synthetic_arith] [--force]
                         [--set key=value ...]
 
-Per seed: 00 → 01 → 02 → 03 → 04 → 07 (base, sft) → for each method: 05/06 → 07 (method).
+Per seed: 00 → 01 → 02 → 03 → 04 → 07 (base, sft) → for each method: 05/06 → 07 (method); then
+08_compare_runs over all seeds writes outputs/<run_id>/08_compare_runs/report.md.
 A stage whose manifest already matches (same config slice hash, same input hashes, same parent
 manifests, completed) is skipped, so a second invocation with nothing changed only checks, and an
 interrupted one resumes (the interrupted stage itself resumes from its last checkpoint). With
 several seeds, seed s writes to outputs/<run_id>/seed_<s>/. --set overrides reach every stage.
+outputs/<run_id>/run_manifest.json lists every stage's manifest and what the driver did with it.
 """
 import argparse
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 
 from utils.config import ROOT
-from utils.driver import METHODS, plan, stage_path, up_to_date
+from utils.driver import METHODS, REPORT, plan, stage_path, up_to_date
+from utils.manifest import MANIFEST_NAME, atomic_write_json, rel
+
+
+class RunManifest:
+    """outputs/<run_id>/run_manifest.json: every stage's manifest, what the driver did with it, and
+    how long it took; rewritten after each stage, so an interrupted run still shows where it stopped."""
+
+    def __init__(self, path, args, methods, seeds):
+        self.path, self.t0 = path, time.time()
+        self.data = {"run_id": args.run_id, "methods": methods, "seeds": seeds, "status": "running",
+                     "command": " ".join(["python", "09_driver.py", *sys.argv[1:]]),
+                     "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "stages": []}
+
+    def record(self, seed, label, directory, action, reason, seconds=0.0, status=None):
+        manifest = directory / MANIFEST_NAME
+        self.data["stages"].append({"stage": label, "seed": seed, "action": action, "reason": reason,
+                                    "seconds": round(seconds, 1), "manifest": rel(manifest),
+                                    "status": status or ("completed" if action == "skipped" else "unknown")})
+        self.write()
+
+    def finish(self, status, report=None):
+        self.data.update(status=status, report=report, wall_seconds=round(time.time() - self.t0, 1),
+                         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        self.write()
+
+    def write(self):
+        atomic_write_json(self.path, self.data)
+
+
+def run_step(step, common, force, label, log: RunManifest, seed) -> int:
+    directory = stage_path(common, step)
+    skip, reason = (False, "--force") if force else up_to_date(step, common)
+    if skip:
+        print(f"{label}: skipped ({reason})", flush=True)
+        log.record(seed, step.dir_name, directory, "skipped", reason)
+        return 0
+    print(f"{label}: running ({reason})", flush=True)
+    t0 = time.time()
+    code = subprocess.call([sys.executable, f"{step.script}.py", *common, *step.args], cwd=ROOT)
+    log.record(seed, step.dir_name, directory, "ran", reason, time.time() - t0,
+               "completed" if code == 0 else f"failed (exit {code})")
+    if code != 0:
+        print(f"09_driver: {step.dir_name} failed (exit {code}); fix it and re-run the same command to "
+              f"resume from there", file=sys.stderr)
+        return code
+    print(f"{label}: done in {time.time() - t0:.0f}s", flush=True)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -31,33 +81,37 @@ def main(argv=None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args(argv)
     methods = list(METHODS) if args.method == "all" else [args.method]
-    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [None]
-    t_start = time.time()
-    for seed in seeds:
-        common = ["--model", args.model, "--data", args.data]
-        common += ["--run_id", args.run_id if seed is None or len(seeds) == 1 else f"{args.run_id}/seed_{seed}"]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [None]
+    except ValueError:
+        ap.error(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 1,2,3")
+    base = ["--model", args.model, "--data", args.data, *(["--config", args.config] if args.config else [])]
+    for item in args.overrides:
+        base += ["--set", item]
+    root = base + ["--run_id", args.run_id]
+    run_root = stage_path(root, REPORT).parent
+    log = RunManifest(run_root / "run_manifest.json", args, methods, seeds)
+    log.write()
+    steps = plan(methods)
+    total = len(steps) * len(seeds) + 1
+    for k, seed in enumerate(seeds):
+        common = base + ["--run_id", args.run_id if seed is None or len(seeds) == 1 else f"{args.run_id}/seed_{seed}"]
         common += ["--seed", str(seed)] if seed is not None else []
-        common += ["--config", args.config] if args.config else []
-        for item in args.overrides:
-            common += ["--set", item]
-        steps = plan(methods)
         for i, step in enumerate(steps, 1):
-            label = f"[{i}/{len(steps)}] {step.dir_name}"
-            skip, reason = (False, "--force") if args.force else up_to_date(step, common)
-            if skip:
-                print(f"{label}: skipped ({reason})", flush=True)
-                continue
-            print(f"{label}: running ({reason})", flush=True)
-            t0 = time.time()
-            code = subprocess.call([sys.executable, f"{step.script}.py", *common, *step.args], cwd=ROOT)
-            if code != 0:
-                print(f"09_driver: {step.dir_name} failed (exit {code}); fix it and re-run the same command to "
-                      f"resume from there", file=sys.stderr)
+            seed_tag = f" seed {seed}" if len(seeds) > 1 else ""
+            code = run_step(step, common, args.force, f"[{k * len(steps) + i}/{total}] {step.dir_name}{seed_tag}",
+                            log, seed)
+            if code:
+                log.finish(f"failed at {step.dir_name}")
                 return code
-            print(f"{label}: done in {time.time() - t0:.0f}s", flush=True)
-        evals = [stage_path(common, s) / "metrics.json" for s in steps if s.script == "07_evaluate"]
-        print("09_driver: evaluation metrics:\n  " + "\n  ".join(str(p) for p in evals))
-    print(f"09_driver: finished in {time.time() - t_start:.0f}s (08_compare_runs and report.md are not built yet)")
+    code = run_step(REPORT, root, args.force, f"[{total}/{total}] {REPORT.dir_name}", log, None)
+    if code:
+        log.finish(f"failed at {REPORT.dir_name}")
+        return code
+    report = run_root / REPORT.dir_name / "report.md"
+    log.finish("completed", rel(report))
+    print(f"09_driver: finished in {time.time() - log.t0:.0f}s; run manifest {rel(log.path)}")
+    print(f"09_driver: report: {report}")
     return 0
 
 

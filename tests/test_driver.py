@@ -31,9 +31,17 @@ def test_driver_runs_the_chain_then_skips_then_reruns_downstream(tmp_path):
         assert m["status"] == "completed", stage
     metrics = json.loads((out / "d" / "07_evaluate" / "red" / "metrics.json").read_text())
     assert set(metrics) >= {"accuracy", "accuracy_ci95", "format", "turns", "failures"}
+    report = out / "d" / "08_compare_runs" / "report.md"
+    assert f"report: {report}" in first.stdout
+    assert "red − sft_warmup" in report.read_text()  # the paired test against the SFT starting point
+    run_manifest = json.loads((out / "d" / "run_manifest.json").read_text())
+    assert run_manifest["status"] == "completed" and len(run_manifest["stages"]) == 10
+    assert all(s["action"] == "ran" and s["status"] == "completed" for s in run_manifest["stages"])
+
     second = _driver(out, data)
     assert second.returncode == 0
-    assert second.stdout.count("skipped (up to date)") == 9 and "running" not in second.stdout
-    third = _driver(out, data, "algorithm.rl.lr=0.001")  # read only by 05: 05 and its evaluation re-run
+    assert second.stdout.count("skipped (up to date)") == 10 and "running" not in second.stdout
+    assert [s["action"] for s in json.loads((out / "d" / "run_manifest.json").read_text())["stages"]] == ["skipped"] * 10
+    third = _driver(out, data, "algorithm.rl.lr=0.001")  # read only by 05: 05, its evaluation and 08 re-run
     ran = [line.split(": running")[0].split("] ")[1] for line in third.stdout.splitlines() if ": running" in line]
-    assert ran == ["05_train_red_grpo/red", "07_evaluate/red"], third.stdout
+    assert ran == ["05_train_red_grpo/red", "07_evaluate/red", "08_compare_runs"], third.stdout

@@ -44,9 +44,15 @@ def plan(methods: list[str]) -> list[Step]:
     return steps
 
 
-def expected_sha(step: Step, common: list[str]) -> str:
+REPORT = Step("08_compare_runs", "08_compare_runs")
+
+
+def expected_sha(step: Step, common: list[str]) -> tuple[str, object]:
     module = importlib.import_module(step.script if step.script != "06_ablate_grpo_only" else "05_train_red_grpo")
     argv = [a for a in common + step.args]
+    if step.script == "08_compare_runs":  # its settings list the evaluations it would read now
+        cfg, _ = parse_stage_args("", argv)
+        return config_sha256(module.stage_settings(cfg, [], module.DEFAULT_RESAMPLES)), cfg
     if step.script == "07_evaluate":
         argv = [a for a in argv if a not in ("--checkpoint", step.extra["checkpoint"])]
     cfg, _ = parse_stage_args("", argv)

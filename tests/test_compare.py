@@ -1,0 +1,124 @@
+"""08_compare_runs: summary.csv and report.md carry the source metrics.json numbers exactly; the
+paired bootstrap is right on cases with known answers; bad inputs name the file and row."""
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from utils.compare import config_diff, paired_bootstrap
+from utils.config import ROOT
+
+FIELDS = ("accuracy", "format", "answered", "reward", "turns", "subtasks", "tokens_planner", "tokens_executor")
+
+
+def _evaluation(run_dir, checkpoint, seed, scores, lr=5e-4):
+    d = run_dir / "07_evaluate" / checkpoint
+    (d / "samples").mkdir(parents=True)
+    n = len(scores)
+    acc = sum(scores) / n
+    metrics = {"checkpoint": checkpoint, "n": n, "accuracy": acc, "accuracy_ci95": [max(acc - 0.1234, 0.0), acc + 0.0567],
+               "format": 0.9123, "answered": 0.8765, "reward": 6 * acc - 3, "turns": 2.5, "subtasks": 1.75,
+               "tokens_planner": 40.25, "tokens_executor": 18.5}
+    (d / "metrics.json").write_text(json.dumps(metrics))
+    (d / "samples" / "predictions.jsonl").write_text(
+        "".join(json.dumps({"qid": f"test-{i:03d}", "answer": s}) + "\n" for i, s in enumerate(scores)))
+    (d / "manifest.json").write_text(json.dumps({"stage": f"07_evaluate/{checkpoint}", "status": "completed",
+                                                 "seed": seed, "config": {"checkpoint": checkpoint}}))
+    if checkpoint in ("red", "grpo"):
+        trainer = "05_train_red_grpo" if checkpoint == "red" else "06_ablate_grpo_only"
+        t = run_dir / trainer / checkpoint
+        t.mkdir(parents=True)
+        rows = [{"step": k + 1, "critic/rewards/mean": -3 + k, "answer_f1/mean": k / 4, "time/rollout": 1.5,
+                 "time/update": 0.5, "red/final_weight": 2.0, "actor/rl_entropy": 0.3} for k in range(4)]
+        (t / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (t / "manifest.json").write_text(json.dumps({"stage": f"{trainer}/{checkpoint}", "status": "completed",
+                                                     "seed": seed, "wall_seconds": 12.5,
+                                                     "config": {"algorithm": {"method": checkpoint, "rl": {"lr": lr}}}}))
+    return metrics
+
+
+def _compare(tmp_path, *args):
+    return subprocess.run([sys.executable, "08_compare_runs.py", "--set", f"outputs_dir={tmp_path / 'outputs'}",
+                           "--set", "wandb_mode=disabled", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_summary_and_report_carry_the_metrics_json_numbers(tmp_path):
+    run = tmp_path / "outputs" / "r"
+    sources = {}
+    for seed in (1, 2):
+        sd = run / f"seed_{seed}"
+        sources[(seed, "red")] = _evaluation(sd, "red", seed, [1.0] * (15 + seed) + [0.0] * (5 - seed))
+        sources[(seed, "grpo")] = _evaluation(sd, "grpo", seed, [1.0] * 10 + [0.0] * 10, lr=1e-3)
+        sources[(seed, "sft_warmup")] = _evaluation(sd, "sft", seed, [0.0] * 20)
+    res = _compare(tmp_path, "--run_id", "r")
+    assert res.returncode == 0, res.stderr
+    out = run / "08_compare_runs"
+    rows = list(csv.DictReader((out / "summary.csv").open()))
+    assert len(rows) == 6
+    for row in rows:
+        src = sources[(int(row["seed"]), row["method"])]
+        for key in FIELDS + ("n",):
+            assert float(row[key]) == src[key], (row, key)
+        assert [float(row["ci95_low"]), float(row["ci95_high"])] == src["accuracy_ci95"]
+    report = (out / "report.md").read_text()
+    for (seed, method), src in sources.items():
+        lo, hi = src["accuracy_ci95"]
+        line = (f"| r | {seed} | {method} | {src['n']} | {src['accuracy']:.4f} | {lo:.4f}–{hi:.4f} | "
+                f"{src['format']:.4f} | {src['answered']:.4f} |")
+        assert line in report, line
+    # across seeds: red 16/20 and 17/20 -> mean 0.825; grpo 0.5 both seeds
+    assert "| r | red | 2 | 0.8250 |" in report and "| r | grpo | 2 | 0.5000 | 0.0000 |" in report
+    # paired over (seed, item): red - sft_warmup = 33/40 on 40 pairs, clearly significant
+    assert "| r | red − sft_warmup | 40 | 0.8250 |" in report
+    assert "red − sft_warmup = 0.8250 accuracy on 40 shared items" in report and "a significant difference" in report
+    assert "`0.0005`" in report and "`0.001`" in report  # the trainer configs differ in algorithm.rl.lr
+    for name in ("reward_vs_step", "test_accuracy", "red_dynamics", "time_per_phase"):
+        png = out / "plots" / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"](plots/{name}.png)" in report
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "completed" and len(manifest["config"]["evaluations"]) == 6
+
+
+def test_paired_bootstrap_on_known_cases():
+    same = paired_bootstrap({i: float(i % 2) for i in range(50)}, {i: float(i % 2) for i in range(50)})
+    assert same["diff"] == 0.0 and same["p_value"] == 1.0 and not same["significant"]
+    better = paired_bootstrap({i: 1.0 for i in range(30)}, {i: 0.0 for i in range(30)})
+    assert better["diff"] == 1.0 and better["ci95_low"] == 1.0 and better["p_value"] == 0.0 and better["significant"]
+    # one discordant pair in 40: the CI touches 0, not significant
+    one = paired_bootstrap({i: float(i == 0) for i in range(40)}, {i: 0.0 for i in range(40)})
+    assert one["diff"] == 0.025 and one["ci95_low"] == 0.0 and not one["significant"]
+    # only shared keys are paired
+    assert paired_bootstrap({1: 1.0, 2: 1.0}, {2: 0.0, 3: 0.0})["n"] == 1
+    assert paired_bootstrap({1: 1.0}, {2: 0.0})["n"] == 0
+
+
+def test_config_diff_lists_only_differing_keys():
+    diff = config_diff({"a": {"x": 1, "y": {"z": 2}}, "b": {"x": 1, "y": {"z": 3}, "w": 0}})
+    assert diff == [("w", {"a": "—", "b": 0}), ("y.z", {"a": 2, "b": 3})]
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "metrics.json").write_text("{not json"), "metrics.json: not valid JSON"),
+    (lambda d: (d / "samples" / "predictions.jsonl").write_text('{"qid": "a", "answer": 1}\n{"qid": "b"}\n'),
+     "predictions.jsonl: row 2: field 'qid' or 'answer' is missing"),
+    (lambda d: (d / "metrics.json").write_text('{"checkpoint": "red", "n": 3}'), "metrics.json: field 'accuracy'"),
+])
+def test_bad_inputs_name_the_file_and_row(tmp_path, damage, message):
+    run = tmp_path / "outputs" / "r"
+    _evaluation(run, "red", 1, [1.0, 0.0])
+    _evaluation(run, "sft", 1, [0.0, 0.0])
+    damage(run / "07_evaluate" / "red")
+    res = _compare(tmp_path, "--run_id", "r")
+    assert res.returncode == 1 and message in res.stderr, res.stderr
+    assert not (run / "08_compare_runs" / "report.md").exists()
+
+
+def test_missing_runs_fail_clearly(tmp_path):
+    res = _compare(tmp_path, "--runs", str(tmp_path / "nope_*"))
+    assert res.returncode == 1 and "matches no directory" in res.stderr
+    (tmp_path / "outputs" / "empty").mkdir(parents=True)
+    res = _compare(tmp_path, "--run_id", "empty")
+    assert res.returncode == 1 and "no completed 07_evaluate" in res.stderr
