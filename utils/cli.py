@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from utils.config import ConfigError, describe
-from utils.run_config import RunConfig, load_run_config, repo_path
+from utils.run_config import RunConfig, load_run_config
 
 
 def stage_parser(description: str) -> argparse.ArgumentParser:
@@ -48,13 +47,3 @@ def parse_stage_args(description: str, argv: list[str] | None = None,
     except ConfigError as exc:
         ap.exit(2, f"{ap.prog}: config error: {exc}\n")
     return cfg, args
-
-
-def run_dir(cfg: RunConfig) -> Path:
-    return repo_path(cfg.outputs_dir) / cfg.run_id
-
-
-def not_implemented(stage: str, issue: str) -> int:
-    """Exit code and message for a stage whose implementation has not landed yet."""
-    print(f"{stage}: not implemented yet (tracked in {issue}). No outputs were written.", file=sys.stderr)
-    return 2
