@@ -6,7 +6,7 @@ from utils.build_base import DEFAULT_RECIPE, build
 from utils.config import from_dict, read_yaml
 from utils.download import verify_base
 from utils.manifest import read_manifest
-from utils.tiny_model import (BOS_ID, PretrainConfig, char_vocab, greedy_accuracy, heldout_prompts,
+from utils.tiny_model import (BOS_ID, PretrainConfig, chain_prompts, char_vocab, greedy_accuracy, heldout_prompts,
                               llama_config)
 
 
@@ -31,8 +31,16 @@ def test_base_knows_heldout_arithmetic_and_random_init_does_not(base_dir, hf_bas
     torch.manual_seed(123)
     random_acc = greedy_accuracy(LlamaForCausalLM(llama_config(cfg)), items)
     assert random_acc < 0.05 and acc > random_acc + 0.45
-    sample = greedy_accuracy(hf_base, [("12+7=", "19\n")])
+    sample = greedy_accuracy(hf_base, [("12+7=", "19")])
     assert sample in (0.0, 1.0)
+
+
+def test_base_reduces_unseen_task_chains_as_recorded(base_dir, hf_base):
+    cfg = _recipe()
+    items = chain_prompts(cfg, cfg.eval_size, seed=cfg.seed + 2)  # task-side chains: never in pretraining
+    acc = greedy_accuracy(hf_base, items)
+    assert acc == read_manifest(base_dir)["metrics"]["task_chain_reduction_acc"]
+    assert acc >= 0.9, f"base reduces only {acc:.0%} of unseen chains"
 
 
 def test_base_does_not_know_the_agent_protocol(hf_base):

@@ -3,7 +3,7 @@ import json
 import random
 import re
 
-from utils.arith import OperandRange, apply_op, is_heldout, make_problem, pretrain_text
+from utils.arith import OperandRange, apply_op, is_heldout, is_task_question, make_problem, pretrain_text
 from utils.run_config import DataConfig
 from utils.synthetic import generate_rows, write_dataset
 
@@ -77,3 +77,12 @@ def test_pretraining_text_never_shows_heldout_facts_nor_protocol_tags():
 def test_heldout_share_is_about_ten_percent():
     share = sum(is_heldout(a, "+", b) for a in range(200) for b in range(100)) / 20000
     assert 0.08 < share < 0.12
+
+
+def test_task_questions_never_appear_in_pretraining_text():
+    rows = generate_rows(DataConfig(n_train=300, n_val=50, n_test=80))
+    assert all(is_task_question(r["question"]) for split in rows.values() for r in split)
+    text = pretrain_text(0, 20000, ("+", "-"), OperandRange())
+    worked = re.findall(r"^(?:[a-z ]+: )?(\d+(?:[+-]\d+)+): ", text, flags=re.M)
+    assert len(worked) > 3000  # worked reductions are common...
+    assert not any(is_task_question(q) for q in worked)  # ...but never of a task question

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from dataclasses import dataclass
 
 OPS = ("+", "-", "*")
 _WORDS = {"+": "plus", "-": "minus", "*": "times"}
+_ASK = ("compute", "work out", "find", "evaluate")  # never the agent templates' "plan"/"solve"
 
 
 def apply_op(a: int, op: str, b: int) -> int:
@@ -81,18 +83,60 @@ def _other_line(rng: random.Random, bounds: OperandRange) -> str:
     return f"solve ({a}+{b})-{c}: {a + b - c}"
 
 
-def pretrain_line(rng: random.Random, ops: tuple[str, ...], bounds: OperandRange) -> str:
-    """One line of raw arithmetic text, in one of several surface forms (never held-out facts).
+def is_task_question(question: str) -> bool:
+    """True for the half of all chain expressions (by hash) reserved for the synthetic task.
 
-    The word forms teach the letters the prompts use; a share of two-step lines gives the base a
-    weak ability to answer multi-step sums directly, as a real pretrained model has; a quarter of
-    the lines are other arithmetic text (`_other_line`).
+    Pretraining works only the other half, so no train/val/test question of `synthetic_arith`
+    appears in the base model's corpus."""
+    return hashlib.sha256(f"question:{question}".encode()).digest()[0] % 2 == 0
+
+
+def reduction_text(question: str, steps) -> str:
+    """A worked left-to-right reduction: "9+26-4: 9+26=35, 35-4: 35-4=31, 31".
+
+    Each clause restates the remaining expression, then works its first operation; the result
+    replaces that operation in the next clause."""
+    parts, remaining = [], question
+    for task, result in steps:
+        parts.append(f"{remaining}: {task}={result}")
+        remaining = f"{result}{remaining[len(task):]}"
+    return ", ".join(parts + [remaining])
+
+
+def reduction_problem(rng: random.Random, ops: tuple[str, ...], bounds: OperandRange) -> Problem:
+    """A 1-3 step +/- chain for pretraining: never a task question, never a held-out fact."""
+    chain_ops = tuple(o for o in ops if o in "+-") or ("+",)
+    while True:
+        p = make_problem(rng, rng.randint(1, 3), chain_ops, (bounds.right_max + 1) // 2, bounds.left_max)
+        if is_task_question(p.question):
+            continue
+        facts = [re.fullmatch(r"(\d+)([+-])(\d+)", t).groups() for t, _ in p.steps]
+        if not any(is_heldout(int(a), op, int(b)) for a, op, b in facts):
+            return p
+
+
+def pretrain_line(rng: random.Random, ops: tuple[str, ...], bounds: OperandRange) -> str:
+    """One line (or a question line and its worked line) of raw arithmetic text, in one of
+    several surface forms (never held-out facts).
+
+    The word forms teach the letters the prompts use; two-step lines, worked reductions of
+    chains (30% of lines, `reduction_text`) and questions restated on the next line
+    ("compute: 12+7\n12+7=19") give the base the copying and chaining a real pretrained model
+    has; a fifth of the lines are other arithmetic text (`_other_line`).
     """
-    if rng.random() < 0.25:
+    draw = rng.random()
+    if draw < 0.3:
+        p = reduction_problem(rng, ops, bounds)
+        if rng.random() < 0.5:  # the expression on a line of its own, worked on the next line
+            return f"{rng.choice(_ASK)}: {p.question}\n{reduction_text(p.question, p.steps)}"
+        return reduction_text(p.question, p.steps)
+    if draw < 0.5:
         return _other_line(rng, bounds)
     a, op, b = sample_fact(rng, ops, bounds, heldout=False)
     c = apply_op(a, op, b)
-    form = rng.randrange(5)
+    form = rng.randrange(6)
+    if form == 5:
+        return f"{rng.choice(_ASK)}: {a}{op}{b}\n{a}{op}{b}={c}"
     if form == 0:
         return f"{a} {op} {b} = {c}"
     if form == 1:

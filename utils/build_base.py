@@ -15,7 +15,8 @@ from pathlib import Path
 
 from utils.config import ROOT, from_dict, read_yaml, to_dict
 from utils.manifest import (atomic_write_json, config_sha256, git_state, package_versions, path_sha256)
-from utils.tiny_model import PretrainConfig, greedy_accuracy, heldout_prompts, pretrain, save_tokenizer
+from utils.tiny_model import (PretrainConfig, chain_prompts, greedy_accuracy, heldout_prompts, pretrain,
+                              save_tokenizer)
 
 DEFAULT_RECIPE = ROOT / "configs" / "pretrain" / "tiny-arith.yaml"
 DEFAULT_OUT = ROOT / "artifacts" / "tiny-arith"
@@ -30,6 +31,8 @@ def build(recipe: Path, out_dir: Path, overrides: dict | None = None) -> dict:
     model, history = pretrain(cfg)
     eval_items = heldout_prompts(cfg, cfg.eval_size, seed=cfg.seed + 2)
     acc = greedy_accuracy(model, eval_items)
+    chain_items = chain_prompts(cfg, cfg.eval_size, seed=cfg.seed + 2)
+    chain_acc = greedy_accuracy(model, chain_items)
     torch.manual_seed(cfg.seed + 3)
     from transformers import LlamaForCausalLM
     from utils.tiny_model import llama_config
@@ -47,7 +50,8 @@ def build(recipe: Path, out_dir: Path, overrides: dict | None = None) -> dict:
         "recipe": to_dict(cfg), "recipe_sha256": config_sha256(to_dict(cfg)),
         "parameters": sum(p.numel() for p in model.parameters()),
         "metrics": {"heldout_acc": acc, "random_init_heldout_acc": random_acc,
-                    "heldout_items": len(eval_items), "final_loss": history[-1]["loss"]},
+                    "heldout_items": len(eval_items),
+                    "task_chain_reduction_acc": chain_acc, "chain_items": len(chain_items), "final_loss": history[-1]["loss"]},
         "history": history, "files": files, "git": git_state(), "versions": package_versions(),
         "wall_seconds": round(time.time() - t0, 1),
     }
@@ -67,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"steps": args.steps} if args.steps is not None else None
     m = build(args.recipe, args.out, overrides)
     print(f"built {args.out}: {m['parameters']} parameters, held-out acc {m['metrics']['heldout_acc']:.3f} "
-          f"(random init {m['metrics']['random_init_heldout_acc']:.3f}), {m['wall_seconds']}s")
+          f"(random init {m['metrics']['random_init_heldout_acc']:.3f}), task-chain reduction acc "
+          f"{m['metrics']['task_chain_reduction_acc']:.3f}, {m['wall_seconds']}s")
     return 0
 
 

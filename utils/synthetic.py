@@ -1,7 +1,8 @@
 """Writes the `synthetic_arith` dataset's native files: train/val/test JSONL with gold decompositions.
 
 Native row: {"id", "question", "answer", "steps": [{"task": "12+7", "result": 19}, ...]}.
-Splits are disjoint: every question text is unique across the whole dataset. Generation is
+Splits are disjoint: every question text is unique across the whole dataset. Only questions
+reserved by `arith.is_task_question` are drawn, so none is in the base model's pretraining text. Generation is
 deterministic from the data config (seed and difficulty knobs), and the files are written into a
 temporary directory that is renamed into place, so a half-written dataset is never visible.
 """
@@ -12,7 +13,7 @@ import random
 import shutil
 from pathlib import Path
 
-from utils.arith import make_problem
+from utils.arith import is_task_question, make_problem
 from utils.manifest import atomic_write_json, config_sha256, path_sha256
 from utils.run_config import DataConfig
 
@@ -35,8 +36,8 @@ def generate_rows(cfg: DataConfig) -> dict[str, list[dict]]:
                                  f"{cfg.operand_max}, steps {cfg.min_steps}-{cfg.max_steps}; raise the knobs")
             p = make_problem(rng, rng.randint(cfg.min_steps, cfg.max_steps), tuple(cfg.ops),
                              cfg.operand_max, cfg.value_max)
-            if p.question in seen:
-                continue
+            if p.question in seen or not is_task_question(p.question):
+                continue  # the other half of all chains is the base model's pretraining text
             seen.add(p.question)
             rows.append({"id": f"{split}-{len(rows):05d}", "question": p.question, "answer": p.answer,
                          "steps": [{"task": t, "result": r} for t, r in p.steps]})

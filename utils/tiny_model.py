@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils.arith import OperandRange, apply_op, pretrain_line, sample_fact
+from utils.arith import (OperandRange, apply_op, is_task_question, make_problem, pretrain_line, reduction_text,
+                         sample_fact)
 from utils.config import field
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
@@ -109,17 +110,33 @@ def pack_batch(rng: random.Random, cfg: PretrainConfig, vocab: dict[str, int]):
 
 
 def heldout_prompts(cfg: PretrainConfig, n: int, seed: int) -> list[tuple[str, str]]:
-    """(prompt, expected completion) pairs over facts pretraining never shows."""
+    """(prompt, expected number) pairs over facts pretraining never shows."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
         a, op, b = sample_fact(rng, tuple(cfg.ops), cfg.bounds, heldout=True)
-        out.append((f"{a}{op}{b}=", f"{apply_op(a, op, b)}\n"))
+        out.append((f"{a}{op}{b}=", f"{apply_op(a, op, b)}"))
+    return out
+
+
+def chain_prompts(cfg: PretrainConfig, n: int, seed: int) -> list[tuple[str, str]]:
+    """(prompt, expected reduction) pairs over task-side chains, which pretraining never shows:
+    "9+26-4: " -> "9+26=35, 35-4: 35-4=31, 31\n"."""
+    rng = random.Random(seed)
+    ops = tuple(o for o in cfg.ops if o in "+-") or ("+",)
+    out = []
+    while len(out) < n:
+        p = make_problem(rng, rng.randint(2, 3), ops, (cfg.right_max + 1) // 2, cfg.left_max)
+        if is_task_question(p.question):
+            text = reduction_text(p.question, p.steps)
+            cut = len(p.question) + 2
+            out.append((text[:cut], text[cut:] + "\n"))
     return out
 
 
 def greedy_accuracy(model, items: list[tuple[str, str]], batch: int = 128) -> float:
-    """Share of prompts whose greedy continuation starts with the expected text (HF generate)."""
+    """Share of prompts whose greedy continuation is the expected text, not followed by a digit
+    ("82" then "\n" or ", …": the line may go on, the number may not)."""
     import torch
 
     vocab, inv = char_vocab(), {i: c for c, i in char_vocab().items()}
@@ -134,13 +151,14 @@ def greedy_accuracy(model, items: list[tuple[str, str]], batch: int = 128) -> fl
             seq = [BOS_ID] + [vocab[c] for c in prompt]
             ids[row, width - len(seq):] = torch.tensor(seq)
             mask[row, width - len(seq):] = 1
-        max_new = max(len(e) for _, e in chunk)
+        max_new = max(len(e) for _, e in chunk) + 1
         with torch.no_grad():
             out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new,
                                  do_sample=False, pad_token_id=PAD_ID)
         for row, (_, expected) in enumerate(chunk):
-            text = "".join(inv[int(t)] for t in out[row, width:width + len(expected)])
-            correct += text == expected
+            text = "".join(inv.get(int(t), "") for t in out[row, width:width + len(expected) + 1])
+            cut_number = expected[-1:].isdigit() and text[len(expected):len(expected) + 1].isdigit()
+            correct += text.startswith(expected) and not cut_number
     return correct / max(len(items), 1)
 
 
@@ -158,6 +176,7 @@ def pretrain(cfg: PretrainConfig, log=print):
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     rng, vocab = random.Random(cfg.seed), char_vocab()
     probe = heldout_prompts(cfg, 100, seed=cfg.seed + 1)
+    chain_probe = chain_prompts(cfg, 100, seed=cfg.seed + 1)
     history, t0 = [], time.time()
     for step in range(cfg.steps):
         model.train()
@@ -170,8 +189,9 @@ def pretrain(cfg: PretrainConfig, log=print):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if (step + 1) % 250 == 0 or step + 1 == cfg.steps:
-            acc = greedy_accuracy(model, probe)
-            history.append({"step": step + 1, "loss": round(loss.item(), 4), "heldout_acc_probe": acc})
+            acc, chain = greedy_accuracy(model, probe), greedy_accuracy(model, chain_probe)
+            history.append({"step": step + 1, "loss": round(loss.item(), 4), "heldout_acc_probe": acc,
+                            "chain_acc_probe": chain})
             log(f"step {step + 1}/{cfg.steps} loss {loss.item():.4f} held-out acc {acc:.2f} "
-                f"({time.time() - t0:.0f}s)")
+                f"chain acc {chain:.2f} ({time.time() - t0:.0f}s)")
     return model, history
