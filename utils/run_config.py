@@ -135,14 +135,14 @@ class TracesConfig:
 
 @dataclass
 class WarmupConfig:
-    steps: int = field(300, "SFT optimizer steps.")
+    steps: int = field(600, "SFT optimizer steps.")
     lr: float = field(3e-3, "Peak learning rate (linear warmup, cosine decay to 10%).")
     warmup_steps: int = field(30, "Linear warmup steps.")
     batch_size: int = field(32, "Examples per step (planner and executor examples mixed).")
     weight_decay: float = field(0.0, "AdamW weight decay.")
-    eval_every: int = field(100, "Validate (greedy rollouts on val) every N steps; 0 = only at the end.")
+    eval_every: int = field(200, "Validate (greedy rollouts on val) every N steps; 0 = only at the end.")
     eval_size: int = field(100, "Validation questions per evaluation (0 = all).")
-    save_every: int = field(100, "Write the resumable checkpoint every N steps.")
+    save_every: int = field(200, "Write the resumable checkpoint every N steps.")
 
 
 @dataclass
