@@ -16,11 +16,10 @@ import argparse
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 
 from utils.config import ROOT
 from utils.driver import METHODS, REPORT, plan, stage_path, up_to_date
-from utils.manifest import MANIFEST_NAME, atomic_write_json, rel
+from utils.manifest import MANIFEST_NAME, atomic_write_json, rel, utc_now
 
 
 class RunManifest:
@@ -31,7 +30,7 @@ class RunManifest:
         self.path, self.t0 = path, time.time()
         self.data = {"run_id": args.run_id, "methods": methods, "seeds": seeds, "status": "running",
                      "command": " ".join(["python", "09_driver.py", *sys.argv[1:]]),
-                     "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "stages": []}
+                     "started_at": utc_now(), "stages": []}
 
     def record(self, seed, label, directory, action, reason, seconds=0.0, status=None):
         manifest = directory / MANIFEST_NAME
@@ -42,7 +41,7 @@ class RunManifest:
 
     def finish(self, status, report=None):
         self.data.update(status=status, report=report, wall_seconds=round(time.time() - self.t0, 1),
-                         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+                         finished_at=utc_now())
         self.write()
 
     def write(self):
@@ -50,8 +49,9 @@ class RunManifest:
 
 
 def run_step(step, common, force, label, log: RunManifest, seed) -> int:
-    directory = stage_path(common, step)
-    skip, reason = (False, "--force") if force else up_to_date(step, common)
+    directory, skip, reason = up_to_date(step, common)
+    if force:
+        skip, reason = False, "--force"
     if skip:
         print(f"{label}: skipped ({reason})", flush=True)
         log.record(seed, step.dir_name, directory, "skipped", reason)

@@ -103,7 +103,7 @@ def test_config_diff_lists_only_differing_keys():
 @pytest.mark.parametrize("damage, message", [
     (lambda d: (d / "metrics.json").write_text("{not json"), "metrics.json: not valid JSON"),
     (lambda d: (d / "samples" / "predictions.jsonl").write_text('{"qid": "a", "answer": 1}\n{"qid": "b"}\n'),
-     "predictions.jsonl: row 2: field 'qid' or 'answer' is missing"),
+     "predictions.jsonl, row 2, field 'answer': missing"),
     (lambda d: (d / "metrics.json").write_text('{"checkpoint": "red", "n": 3}'), "metrics.json: field 'accuracy'"),
 ])
 def test_bad_inputs_name_the_file_and_row(tmp_path, damage, message):

@@ -1,8 +1,12 @@
 """09_driver end to end with tiny settings: every numbered script in order, then skip-all on a second
-run, and a config change that re-runs exactly the stages downstream of it."""
+run, a config change that re-runs exactly the stages downstream of it, and a driver killed mid-stage
+that resumes where it stopped."""
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 from utils.config import ROOT
 from utils.run_config import DataConfig
@@ -13,10 +17,17 @@ TINY = ["data.n_train=40", "data.n_val=6", "data.n_test=6", "warmup.steps=6", "w
         "algorithm.rl.n_samples=2", "model.engine.name=hf", "wandb_mode=disabled"]
 
 
-def _driver(out, data, *extra):
+def _argv(out, data, method, extra):
     sets = [x for s in TINY + [f"outputs_dir={out}", f"data.path={data}", *extra] for x in ("--set", s)]
-    return subprocess.run([sys.executable, "09_driver.py", "--method", "red", "--run_id", "d", *sets],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    return [sys.executable, "09_driver.py", "--method", method, "--run_id", "d", *sets]
+
+
+def _driver(out, data, *extra, method="red"):
+    return subprocess.run(_argv(out, data, method, extra), cwd=ROOT, capture_output=True, text=True, timeout=1200)
+
+
+def _ran(stdout):
+    return [line.split(": running")[0].split("] ")[1] for line in stdout.splitlines() if ": running" in line]
 
 
 def test_driver_runs_the_chain_then_skips_then_reruns_downstream(tmp_path):
@@ -43,5 +54,24 @@ def test_driver_runs_the_chain_then_skips_then_reruns_downstream(tmp_path):
     assert second.stdout.count("skipped (up to date)") == 10 and "running" not in second.stdout
     assert [s["action"] for s in json.loads((out / "d" / "run_manifest.json").read_text())["stages"]] == ["skipped"] * 10
     third = _driver(out, data, "algorithm.rl.lr=0.001")  # read only by 05: 05, its evaluation and 08 re-run
-    ran = [line.split(": running")[0].split("] ")[1] for line in third.stdout.splitlines() if ": running" in line]
-    assert ran == ["05_train_red_grpo/red", "07_evaluate/red", "08_compare_runs"], third.stdout
+    assert _ran(third.stdout) == ["05_train_red_grpo/red", "07_evaluate/red", "08_compare_runs"], third.stdout
+
+    # an interrupted driver resumes: SIGKILL it once 06 has saved its first checkpoint, then re-run
+    grpo = ["algorithm.rl.steps=4", "algorithm.rl.save_freq=1"]
+    proc = subprocess.Popen(_argv(out, data, "grpo", grpo), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    ckpt, deadline = out / "d" / "06_ablate_grpo_only" / "grpo" / "ckpt", time.time() + 600
+    while not list(ckpt.glob("step_*/state.json")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert list(ckpt.glob("step_*")), "06 never checkpointed before the kill"
+    assert json.loads((out / "d" / "run_manifest.json").read_text())["status"] == "running"
+    resumed = _driver(out, data, *grpo, method="grpo")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert _ran(resumed.stdout) == ["06_ablate_grpo_only/grpo", "07_evaluate/grpo", "08_compare_runs"]
+    assert "06_ablate_grpo_only: resuming grpo from step" in resumed.stdout
+    trained = [json.loads(x)["step"] for x in (ckpt.parent / "metrics.jsonl").read_text().splitlines()]
+    assert trained == [1, 2, 3, 4]  # no step lost or repeated across the kill
+    assert "red − grpo" in (out / "d" / "08_compare_runs" / "report.md").read_text()
+    assert json.loads((out / "d" / "run_manifest.json").read_text())["status"] == "completed"

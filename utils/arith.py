@@ -103,13 +103,21 @@ def reduction_text(question: str, steps) -> str:
     return ", ".join(parts + [remaining])
 
 
-def reduction_problem(rng: random.Random, ops: tuple[str, ...], bounds: OperandRange) -> Problem:
-    """A 1-3 step +/- chain for pretraining: never a task question, never a held-out fact."""
+def chain_problem(rng: random.Random, ops: tuple[str, ...], bounds: OperandRange, min_steps: int,
+                  task_side: bool) -> Problem:
+    """A min_steps..3 step +/- chain on the task side of the hash split (task_side) or the
+    pretraining side; the operands and values match what the corpus shows."""
     chain_ops = tuple(o for o in ops if o in "+-") or ("+",)
     while True:
-        p = make_problem(rng, rng.randint(1, 3), chain_ops, (bounds.right_max + 1) // 2, bounds.left_max)
-        if is_task_question(p.question):
-            continue
+        p = make_problem(rng, rng.randint(min_steps, 3), chain_ops, (bounds.right_max + 1) // 2, bounds.left_max)
+        if is_task_question(p.question) == task_side:
+            return p
+
+
+def reduction_problem(rng: random.Random, ops: tuple[str, ...], bounds: OperandRange) -> Problem:
+    """A 1-3 step +/- chain for pretraining: never a task question, never a held-out fact."""
+    while True:
+        p = chain_problem(rng, ops, bounds, 1, task_side=False)
         facts = [re.fullmatch(r"(\d+)([+-])(\d+)", t).groups() for t, _ in p.steps]
         if not any(is_heldout(int(a), op, int(b)) for a, op, b in facts):
             return p

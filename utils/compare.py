@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from utils.data_adapters import DataError, read_records
 from utils.manifest import MANIFEST_NAME, read_manifest, rel
 
 # 07's checkpoint name -> the method it evaluates, in report order.
@@ -70,16 +71,14 @@ def _read_json(path: Path) -> dict:
         raise CompareError(f"{path}: not valid JSON (line {exc.lineno}): {exc.msg}") from None
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise CompareError(f"{path}: row {i}: not valid JSON: {exc.msg}") from None
-    return out
+def _read_jsonl(path: Path, allow_empty: bool = False) -> list[tuple[int, dict]]:
+    """(row, object) pairs; a trainer killed before its first step leaves an empty metrics.jsonl."""
+    if allow_empty and path.is_file() and not path.read_text().strip():
+        return []
+    try:
+        return list(read_records(path))
+    except DataError as exc:
+        raise CompareError(str(exc)) from None
 
 
 def run_label(run_dir: Path, outputs: Path) -> tuple[str, int | None]:
@@ -127,9 +126,12 @@ def load_evaluation(directory: Path, outputs: Path) -> Evaluation:
     if not preds.is_file():
         raise CompareError(f"{preds}: missing (07_evaluate writes it beside metrics.json)")
     scores = {}
-    for i, row in enumerate(_read_jsonl(preds), 1):
-        if "qid" not in row or "answer" not in row:
-            raise CompareError(f"{preds}: row {i}: field 'qid' or 'answer' is missing")
+    for i, row in _read_jsonl(preds):
+        for key in ("qid", "answer"):
+            if key not in row:
+                raise CompareError(str(DataError(preds, i, key, "missing")))
+        if not isinstance(row["answer"], (int, float)) or isinstance(row["answer"], bool):
+            raise CompareError(str(DataError(preds, i, "answer", f"expected a number, got {row['answer']!r}")))
         scores[str(row["qid"])] = float(row["answer"])
     run, seed = run_label(directory.parent.parent, outputs)
     checkpoint = str(metrics["checkpoint"])
@@ -144,8 +146,8 @@ def load_trainings(run_dirs: list[Path], outputs: Path) -> list[Training]:
         for trainer in TRAINER_DIRS:
             for m in sorted((d / trainer).glob("*/metrics.jsonl")):
                 manifest = read_manifest(m.parent) if (m.parent / MANIFEST_NAME).is_file() else {}
-                out.append(Training(run, manifest.get("seed", seed), m.parent.name, m.parent, _read_jsonl(m),
-                                    manifest))
+                history = [r for _, r in _read_jsonl(m, allow_empty=True)]
+                out.append(Training(run, manifest.get("seed", seed), m.parent.name, m.parent, history, manifest))
     return out
 
 

@@ -59,10 +59,14 @@ def expected_sha(step: Step, common: list[str]) -> tuple[str, object]:
     return config_sha256({**config_slice(cfg, module.CONFIG_KEYS), **step.extra}), cfg
 
 
-def up_to_date(step: Step, common: list[str]) -> tuple[bool, str]:
-    """(skip?, reason) for one step."""
+def up_to_date(step: Step, common: list[str]) -> tuple[Path, bool, str]:
+    """(stage directory, skip?, reason) for one step."""
     sha, cfg = expected_sha(step, common)
-    path = stage_dir(cfg, step.dir_name) / MANIFEST_NAME
+    directory = stage_dir(cfg, step.dir_name)
+    return (directory, *_verdict(directory / MANIFEST_NAME, sha, cfg))
+
+
+def _verdict(path: Path, sha: str, cfg) -> tuple[bool, str]:
     if not path.is_file():
         return False, "never ran"
     m = read_manifest(path)

@@ -192,7 +192,8 @@ class GrpoTrainer:
         }
         if rl.dump_freq and self.state.step % rl.dump_freq == 0:
             dump_episodes(episodes, self.out / "episodes" / f"step_{self.state.step}.jsonl")
-        return {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
+        # 6 significant digits, not decimals: the sampler/trainer mismatch is ~1e-7 when on-policy
+        return {k: (float(f"{v:.6g}") if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
 
     def train(self, progress=None) -> list[dict]:
         history = []

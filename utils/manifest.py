@@ -159,7 +159,7 @@ def read_manifest(path: Path) -> dict:
         raise ValueError(f"{path}: manifest is not valid JSON ({exc})") from None
 
 
-def _utc_now() -> str:
+def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -205,12 +205,12 @@ class StageRun:
 
     def __enter__(self) -> "StageRun":
         self._t0 = time.time()
-        self.data["started_at"] = _utc_now()
+        self.data["started_at"] = utc_now()
         self._write()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        self.data["finished_at"] = _utc_now()
+        self.data["finished_at"] = utc_now()
         self.data["wall_seconds"] = round(time.time() - self._t0, 3)
         if exc_type is None:
             self.data["status"] = "completed"

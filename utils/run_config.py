@@ -136,7 +136,9 @@ class TracesConfig:
 @dataclass
 class WarmupConfig:
     steps: int = field(600, "SFT optimizer steps.")
-    lr: float = field(3e-3, "Peak learning rate (linear warmup, cosine decay to 10%).")
+    lr: float = field(3e-3, "Peak learning rate (linear warmup, then cosine decay to final_lr_ratio * lr).")
+    final_lr_ratio: float = field(1.0, "LR at the last step as a share of the peak; 1 keeps it constant after "
+                                       "warmup (measured: the default task needs it, see README).")
     warmup_steps: int = field(30, "Linear warmup steps.")
     batch_size: int = field(32, "Examples per step (planner and executor examples mixed).")
     weight_decay: float = field(0.0, "AdamW weight decay.")

@@ -21,16 +21,16 @@ from utils.sft import batches, sft_loss
 from utils.traces import Example
 
 
-def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
-    """LR factor: linear warmup to 1, then cosine decay to 0.1 at `total_steps`."""
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int, final: float = 0.1) -> float:
+    """LR factor: linear warmup to 1, then cosine decay to `final` at `total_steps` (1 = constant)."""
     if step < warmup_steps:
         return (step + 1) / max(warmup_steps, 1)
     progress = (step - warmup_steps) / max(total_steps - warmup_steps, 1)
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
 def lr_lambda(cfg: WarmupConfig) -> Callable[[int], float]:
-    return lambda step: warmup_cosine(step, cfg.warmup_steps, cfg.steps)
+    return lambda step: warmup_cosine(step, cfg.warmup_steps, cfg.steps, cfg.final_lr_ratio)
 
 
 @dataclass

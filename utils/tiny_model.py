@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils.arith import (OperandRange, apply_op, is_task_question, make_problem, pretrain_line, reduction_text,
+from utils.arith import (OperandRange, apply_op, chain_problem, pretrain_line, reduction_text,
                          sample_fact)
 from utils.config import field
 
@@ -123,14 +123,12 @@ def chain_prompts(cfg: PretrainConfig, n: int, seed: int) -> list[tuple[str, str
     """(prompt, expected reduction) pairs over task-side chains, which pretraining never shows:
     "9+26-4: " -> "9+26=35, 35-4: 35-4=31, 31\n"."""
     rng = random.Random(seed)
-    ops = tuple(o for o in cfg.ops if o in "+-") or ("+",)
     out = []
-    while len(out) < n:
-        p = make_problem(rng, rng.randint(2, 3), ops, (cfg.right_max + 1) // 2, cfg.left_max)
-        if is_task_question(p.question):
-            text = reduction_text(p.question, p.steps)
-            cut = len(p.question) + 2
-            out.append((text[:cut], text[cut:] + "\n"))
+    for _ in range(n):
+        p = chain_problem(rng, tuple(cfg.ops), cfg.bounds, 2, task_side=True)
+        text = reduction_text(p.question, p.steps)
+        cut = len(p.question) + 2
+        out.append((text[:cut], text[cut:] + "\n"))
     return out
 
 
