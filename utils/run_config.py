@@ -135,16 +135,16 @@ class TracesConfig:
 
 @dataclass
 class WarmupConfig:
-    steps: int = field(600, "SFT optimizer steps.")
-    lr: float = field(3e-3, "Peak learning rate (linear warmup, then cosine decay to final_lr_ratio * lr).")
+    steps: int = field(300, "SFT optimizer steps.")
+    lr: float = field(5e-3, "Peak learning rate (linear warmup, then cosine decay to final_lr_ratio * lr).")
     final_lr_ratio: float = field(1.0, "LR at the last step as a share of the peak; 1 keeps it constant after "
                                        "warmup (measured: the default task needs it, see README).")
     warmup_steps: int = field(30, "Linear warmup steps.")
     batch_size: int = field(32, "Examples per step (planner and executor examples mixed).")
     weight_decay: float = field(0.0, "AdamW weight decay.")
-    eval_every: int = field(200, "Validate (greedy rollouts on val) every N steps; 0 = only at the end.")
+    eval_every: int = field(100, "Validate (greedy rollouts on val) every N steps; 0 = only at the end.")
     eval_size: int = field(100, "Validation questions per evaluation (0 = all).")
-    save_every: int = field(200, "Write the resumable checkpoint every N steps.")
+    save_every: int = field(100, "Write the resumable checkpoint every N steps.")
 
 
 @dataclass
