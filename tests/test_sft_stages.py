@@ -122,6 +122,15 @@ def test_sft_changes_every_lora_parameter_and_no_base_weight(base_dir, tmp_path)
     assert (tmp_path / "ckpt_sft" / "final" / "adapter_model.safetensors").is_file()
 
 
+def test_lr_schedule_warms_up_then_decays_to_the_final_ratio():
+    from utils.sft_trainer import warmup_cosine
+
+    assert [warmup_cosine(s, 4, 20) for s in (0, 3)] == [0.25, 1.0]
+    assert warmup_cosine(20, 4, 20) == pytest.approx(0.1)  # default: cosine down to 10%
+    assert warmup_cosine(12, 4, 20, final=0.5) == pytest.approx(0.75)  # halfway: midpoint of 1 and 0.5
+    assert {warmup_cosine(s, 4, 20, final=1.0) for s in range(4, 30)} == {1.0}  # constant after warmup
+
+
 def test_sft_stage_writes_adapters_logs_and_validation(prepared):
     out, args = prepared
     assert run_stage("03_generate_sft_traces", out, *args) == 0
