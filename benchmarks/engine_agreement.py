@@ -9,13 +9,13 @@ token-for-token identical across the engines and the worst log-prob difference. 
 episode differs. Not a test: the unit test (tests/test_engines.py) does the same on a small adapter.
 """
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from utils.config import ROOT  # noqa: E402
+from utils.data_adapters import read_records  # noqa: E402
 from utils.engines import make_engine  # noqa: E402
 from utils.evaluation import score_episodes, summarize_scores  # noqa: E402
 from utils.reward_spec import read_spec  # noqa: E402
@@ -36,7 +36,7 @@ def main() -> int:
 
     adapter = args.adapter or args.run / "04_sft_warmup" / "ckpt_sft" / "best"
     test = args.run / "01_prepare_dataset" / "test.jsonl"
-    rows = [json.loads(x) for x in test.read_text().splitlines() if x.strip()]
+    rows = [row for _, row in read_records(test)]
     rows = rows[:args.limit] if args.limit else rows
     spec = read_spec(args.run / "02_build_rewards" / "reward_spec.yaml")
     rollout = RolloutSpec(max_turns=args.max_turns, temperature=0.0)
