@@ -7,21 +7,20 @@ Hard errors exit 1 (the manifest says 'failed'); warnings are listed in the summ
 """
 import sys
 
-from utils.cli import parse_stage_args
-from utils.data_checks import check_dataset, summarize
-from utils.manifest import StageRun, atomic_write_json
-from utils.run_config import repo_path
-from utils.stages import StageError, config_slice, run_main, stage_dir
+from utils.core.cli import parse_stage_args
+from utils.data.checks import check_dataset, summarize
+from utils.core.manifest import StageRun, atomic_write_json
+from utils.core.schema import repo_path
+from utils.core.stages import StageError, run_main, stage_config, stage_dir
 
 STAGE = "00_check_data"
-CONFIG_KEYS = ("data",)
 
 
 def main(argv=None) -> int:
     cfg, _ = parse_stage_args(__doc__, argv)
     out = stage_dir(cfg, STAGE)
     root = repo_path(cfg.data.path)
-    with StageRun(STAGE, out, config_slice(cfg, CONFIG_KEYS), cfg.seed) as run:
+    with StageRun(STAGE, out, stage_config(cfg, STAGE), cfg.seed) as run:
         rep = check_dataset(cfg.data.name, root, cfg.data.scorer)
         for path in rep.files.values():
             run.add_input(path)

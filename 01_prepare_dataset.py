@@ -1,23 +1,23 @@
 """01_prepare_dataset: write the unified train/val/test splits with rendered planner prompts.
 
 Reads the raw files that 00_check_data validated (their hashes must still match its manifest),
-carves missing splits, handles leakage and caps sizes (utils/prepare.py), and writes
+carves missing splits, handles leakage and caps sizes (utils/data/prepare.py), and writes
 outputs/<run_id>/01_prepare_dataset/{train,val,test}.jsonl. Each row is the unified schema
 (id, question, answers, context, solution, meta) plus `prompt`, the rendered planner prompt.
 """
 import json
 import sys
 
-from utils.cli import parse_stage_args
-from utils.data_adapters import get_adapter, read_records
-from utils.manifest import StageRun, atomic_write_text, path_sha256
-from utils.prepare import PrepareError, prepare_splits
-from utils.prompts import render_planner
-from utils.run_config import repo_path
-from utils.stages import StageError, config_slice, parent, run_main, stage_dir
+from utils.agent.prompts import render_planner
+from utils.core.cli import parse_stage_args
+from utils.core.io import read_records, write_jsonl
+from utils.core.manifest import StageRun, path_sha256
+from utils.core.schema import repo_path
+from utils.core.stages import StageError, parent, run_main, stage_config, stage_dir
+from utils.data.adapters import get_adapter
+from utils.data.prepare import PrepareError, prepare_splits
 
 STAGE = "01_prepare_dataset"
-CONFIG_KEYS = ("data", "model.templates", "model.path")
 
 
 def _load_checked_raw(cfg, parent_manifest) -> dict:
@@ -45,7 +45,7 @@ def _tokenizer(cfg):
 def main(argv=None) -> int:
     cfg, _ = parse_stage_args(__doc__, argv)
     out = stage_dir(cfg, STAGE)
-    with StageRun(STAGE, out, config_slice(cfg, CONFIG_KEYS), cfg.seed) as run:
+    with StageRun(STAGE, out, stage_config(cfg, STAGE), cfg.seed) as run:
         _, checked = parent(run, cfg, "00_check_data")
         for path in checked["inputs"]:
             run.add_input(repo_path(path))
@@ -57,12 +57,8 @@ def main(argv=None) -> int:
         for split, rows in splits.items():
             if not rows:
                 raise StageError(f"split '{split}' is empty after preparation ({stats})")
-            lines = []
-            for row in rows:
-                item = row.to_json()
-                item["prompt"] = render_planner(cfg.model.templates, row.question, row.context, tok)
-                lines.append(json.dumps(item, sort_keys=True, ensure_ascii=False) + "\n")
-            atomic_write_text(out / f"{split}.jsonl", "".join(lines))
+            write_jsonl(out / f"{split}.jsonl", ({**row.to_json(), "prompt": render_planner(
+                cfg.model.templates, row.question, row.context, tok)} for row in rows))
             run.add_output(out / f"{split}.jsonl")
             run.metrics[f"rows_{split}"] = len(rows)
         run.metrics.update(stats)

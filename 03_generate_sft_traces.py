@@ -7,37 +7,32 @@ spec judges the final answer correct: rejection sampling, with the acceptance ra
 Each trace is split into per-role examples of exact token ids with loss masks, in the same
 protocol and templates the rollouts use. Also writes stats.json.
 """
-import json
 import sys
 
 from tqdm import tqdm
 
-from utils.cli import parse_stage_args
-from utils.manifest import StageRun, atomic_write_json, atomic_write_text
-from utils.reward_spec import read_spec, score_answer
-from utils.rollout import Codec, Rollout, RolloutSpec
-from utils.run_config import repo_path
-from utils.stages import StageError, config_slice, model_dir, output_path, parent, run_main, stage_dir
-from utils.trace_stats import trace_stats
-from utils.traces import examples_from_trace, trace_from_episode, trace_from_row, trace_record
+from utils.agent.rollout import Codec, Rollout, RolloutSpec
+from utils.agent.traces import examples_from_trace, trace_from_episode, trace_from_row, trace_record, trace_stats
+from utils.core.cli import parse_stage_args
+from utils.core.io import read_jsonl, write_jsonl
+from utils.core.manifest import StageRun, atomic_write_json
+from utils.core.schema import repo_path
+from utils.core.stages import StageError, model_dir, output_path, parent, run_main, stage_config, stage_dir
+from utils.reward.spec import read_spec, score_answer
 
 STAGE = "03_generate_sft_traces"
-CONFIG_KEYS = ("traces", "model.path", "model.templates", "model.engine", "model.max_new_tokens_planner",
-               "model.max_new_tokens_executor", "algorithm.rl.max_turns", "seed")
 
 
 def _teacher(cfg, rows, spec, codec):
-    from utils.engines import make_engine
+    from utils.agent.engines import make_engine
 
     path = model_dir(cfg, cfg.traces.teacher_path or None)
     engine = make_engine(cfg.model.engine.name, path, cfg.model.engine, seed=cfg.seed)
     engine.set_adapter(repo_path(cfg.traces.teacher_adapter) if cfg.traces.teacher_adapter else None)
-    ro = Rollout(engine, codec, RolloutSpec(cfg.algorithm.rl.max_turns, cfg.model.max_new_tokens_planner,
-                                            cfg.model.max_new_tokens_executor, cfg.traces.teacher_temperature,
-                                            max_model_len=cfg.model.engine.max_model_len))
-    kept, sampled = [], 0
-    for start in tqdm(range(0, len(rows), 32), desc="teacher rollouts", unit="batch"):
-        chunk = rows[start:start + 32]
+    ro = Rollout(engine, codec, RolloutSpec.from_config(cfg, cfg.traces.teacher_temperature))
+    kept, sampled, size = [], 0, cfg.traces.teacher_batch
+    for start in tqdm(range(0, len(rows), size), desc="teacher rollouts", unit="batch"):
+        chunk = rows[start:start + size]
         episodes = ro.run(chunk, n=cfg.traces.teacher_samples, seed=cfg.seed, step=start)
         sampled += len(episodes)
         done = set()
@@ -55,28 +50,26 @@ def main(argv=None) -> int:
     out = stage_dir(cfg, STAGE)
     from transformers import AutoTokenizer
 
-    with StageRun(STAGE, out, config_slice(cfg, CONFIG_KEYS), cfg.seed) as run:
+    with StageRun(STAGE, out, stage_config(cfg, STAGE), cfg.seed) as run:
         _, prepared = parent(run, cfg, "01_prepare_dataset")
         rewards_dir, _ = parent(run, cfg, "02_build_rewards")
         train = output_path(prepared, "/train.jsonl")
         run.add_input(train)
-        rows = [json.loads(line) for line in train.read_text().splitlines() if line.strip()]
+        rows = read_jsonl(train)
         if cfg.traces.max_traces:
             rows = rows[:cfg.traces.max_traces]
         codec = Codec(AutoTokenizer.from_pretrained(model_dir(cfg)), cfg.model.templates)
         source = cfg.traces.source
         if source == "teacher":
             pairs, sampled = _teacher(cfg, rows, read_spec(rewards_dir / "reward_spec.yaml"), codec)
-        elif source in ("gold", "solution"):
+        else:  # gold | solution: the config accepts no other source
             traces = [(row, trace_from_row(row, source)) for row in rows]
             pairs = [(t, examples_from_trace(t, codec, row.get("context"))) for row, t in traces if t is not None]
             sampled = 0
-        else:
-            raise StageError(f"traces.source: unknown source '{source}'; valid: gold, solution, teacher")
         if not pairs:
             raise StageError(f"no usable traces from {len(rows)} rows of {train} with source '{source}'")
         records = [trace_record(t, ex, source) for t, ex in pairs]
-        atomic_write_text(out / "sft_traces.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+        write_jsonl(out / "sft_traces.jsonl", records)
         stats = trace_stats(records, [e for _, ex in pairs for e in ex], len(rows), len(pairs) if sampled else 0,
                             sampled, source)
         atomic_write_json(out / "stats.json", stats)

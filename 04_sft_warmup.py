@@ -7,54 +7,22 @@ rollouts on the val split, scored with the reward spec; results go to valid_samp
 Writes logs/train.jsonl, ckpt_sft/{best,final} (peft adapter directories that vLLM loads as a
 LoRARequest) and the manifest. An interrupted run resumes from ckpt_sft/last.
 """
-import json
 import sys
 
 from tqdm import tqdm
 
-from utils.cli import parse_stage_args
-from utils.evaluation import greedy_eval
-from utils.manifest import StageRun, atomic_write_json
-from utils.reward_spec import read_spec
-from utils.rollout import Codec, RolloutSpec
-from utils.sft import load_policy
-from utils.sft_trainer import SftLoop, save_weights
-from utils.stages import StageError, config_slice, model_dir, output_path, parent, run_main, stage_dir
-from utils.traces import read_trace_examples
+from utils.agent.rollout import Codec
+from utils.agent.traces import read_trace_examples
+from utils.core.cli import parse_stage_args
+from utils.core.io import read_jsonl
+from utils.core.manifest import StageRun
+from utils.core.stages import StageError, model_dir, output_path, parent, run_main, stage_config, stage_dir
+from utils.eval.evaluation import Validator
+from utils.reward.spec import read_spec
+from utils.train.policy import load_policy
+from utils.train.sft_trainer import SftLoop
 
 STAGE = "04_sft_warmup"
-CONFIG_KEYS = ("model", "warmup", "algorithm.rl.max_turns", "seed", "threads")
-
-
-def rollout_spec(cfg) -> RolloutSpec:
-    return RolloutSpec(cfg.algorithm.rl.max_turns, cfg.model.max_new_tokens_planner, cfg.model.max_new_tokens_executor,
-                       1.0, max_model_len=cfg.model.engine.max_model_len)
-
-
-class Validator:
-    """Serves the current weights on the rollout engine and scores greedy episodes on val rows."""
-
-    def __init__(self, cfg, base, rows, spec, codec, out):
-        self.cfg, self.base, self.rows, self.spec, self.codec, self.out = cfg, base, rows, spec, codec, out
-        self.engine = None
-
-    def __call__(self, model, weights_dir, step: int) -> dict:
-        from utils.engines import make_engine
-
-        save_weights(model, weights_dir)
-        if self.cfg.model.lora.full_finetune:  # full weights: a fresh HF engine on the saved model
-            engine = make_engine("hf", weights_dir, self.cfg.model.engine)
-        else:
-            if self.engine is None:
-                self.engine = make_engine(self.cfg.model.engine.name, self.base, self.cfg.model.engine, self.cfg.seed)
-            engine = self.engine
-            engine.set_adapter(weights_dir)
-        metrics, samples = greedy_eval(engine, self.codec, self.rows, self.spec, rollout_spec(self.cfg))
-        atomic_write_json(self.out / "valid_samples" / f"step_{step}.json", {"step": step, "metrics": metrics,
-                                                                            "samples": samples})
-        tqdm.write(f"step {step}: val accuracy {metrics['accuracy']:.3f} format {metrics['format']:.3f} "
-                   f"reward {metrics['reward']:.3f}")
-        return metrics
 
 
 def main(argv=None) -> int:
@@ -65,7 +33,7 @@ def main(argv=None) -> int:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    with StageRun(STAGE, out, config_slice(cfg, CONFIG_KEYS), cfg.seed) as run:
+    with StageRun(STAGE, out, stage_config(cfg, STAGE), cfg.seed) as run:
         traces_dir, _ = parent(run, cfg, "03_generate_sft_traces")
         _, prepared = parent(run, cfg, "01_prepare_dataset")
         rewards_dir, _ = parent(run, cfg, "02_build_rewards")
@@ -75,7 +43,7 @@ def main(argv=None) -> int:
         if not examples:
             raise StageError(f"{traces_dir / 'sft_traces.jsonl'} holds no training examples")
         val_path = output_path(prepared, "/val.jsonl")
-        rows = [json.loads(x) for x in val_path.read_text().splitlines() if x.strip()]
+        rows = read_jsonl(val_path)
         rows = rows[:cfg.warmup.eval_size] if cfg.warmup.eval_size else rows
         for p in (traces_dir / "sft_traces.jsonl", val_path, rewards_dir / "reward_spec.yaml"):
             run.add_input(p)

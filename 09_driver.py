@@ -4,7 +4,7 @@
                         [--config run.yaml] [--model tiny-arith] [--data synthetic_arith] [--force]
                         [--set key=value ...]
 
-Per seed: 00 → 01 → 02 → 03 → 04 → 07 (base, sft) → for each method: 05/06 → 07 (method); then
+Per seed: 00 → 01 → 02 → 03 → 04 → 07 (base, sft_warmup) → for each method: 05/06 → 07 (method); then
 08_compare_runs over all seeds writes outputs/<run_id>/08_compare_runs/report.md.
 A stage whose manifest already matches (same config slice hash, same input hashes, same parent
 manifests, completed) is skipped, so a second invocation with nothing changed only checks, and an
@@ -13,60 +13,12 @@ several seeds, seed s writes to outputs/<run_id>/seed_<s>/. --set overrides reac
 outputs/<run_id>/run_manifest.json lists every stage's manifest and what the driver did with it.
 """
 import argparse
-import subprocess
 import sys
 import time
 
-from utils.config import ROOT
-from utils.driver import METHODS, REPORT, plan, stage_path, up_to_date
-from utils.manifest import MANIFEST_NAME, atomic_write_json, rel, utc_now
-
-
-class RunManifest:
-    """outputs/<run_id>/run_manifest.json: every stage's manifest, what the driver did with it, and
-    how long it took; rewritten after each stage, so an interrupted run still shows where it stopped."""
-
-    def __init__(self, path, args, methods, seeds):
-        self.path, self.t0 = path, time.time()
-        self.data = {"run_id": args.run_id, "methods": methods, "seeds": seeds, "status": "running",
-                     "command": " ".join(["python", "09_driver.py", *sys.argv[1:]]),
-                     "started_at": utc_now(), "stages": []}
-
-    def record(self, seed, label, directory, action, reason, seconds=0.0, status=None):
-        manifest = directory / MANIFEST_NAME
-        self.data["stages"].append({"stage": label, "seed": seed, "action": action, "reason": reason,
-                                    "seconds": round(seconds, 1), "manifest": rel(manifest),
-                                    "status": status or ("completed" if action == "skipped" else "unknown")})
-        self.write()
-
-    def finish(self, status, report=None):
-        self.data.update(status=status, report=report, wall_seconds=round(time.time() - self.t0, 1),
-                         finished_at=utc_now())
-        self.write()
-
-    def write(self):
-        atomic_write_json(self.path, self.data)
-
-
-def run_step(step, common, force, label, log: RunManifest, seed) -> int:
-    directory, skip, reason = up_to_date(step, common)
-    if force:
-        skip, reason = False, "--force"
-    if skip:
-        print(f"{label}: skipped ({reason})", flush=True)
-        log.record(seed, step.dir_name, directory, "skipped", reason)
-        return 0
-    print(f"{label}: running ({reason})", flush=True)
-    t0 = time.time()
-    code = subprocess.call([sys.executable, f"{step.script}.py", *common, *step.args], cwd=ROOT)
-    log.record(seed, step.dir_name, directory, "ran", reason, time.time() - t0,
-               "completed" if code == 0 else f"failed (exit {code})")
-    if code != 0:
-        print(f"09_driver: {step.dir_name} failed (exit {code}); fix it and re-run the same command to "
-              f"resume from there", file=sys.stderr)
-        return code
-    print(f"{label}: done in {time.time() - t0:.0f}s", flush=True)
-    return 0
+from utils.core.manifest import rel
+from utils.core.methods import METHODS
+from utils.driver import REPORT, RunManifest, plan, run_step, stage_path
 
 
 def main(argv=None) -> int:
@@ -90,7 +42,7 @@ def main(argv=None) -> int:
         base += ["--set", item]
     root = base + ["--run_id", args.run_id]
     run_root = stage_path(root, REPORT).parent
-    log = RunManifest(run_root / "run_manifest.json", args, methods, seeds)
+    log = RunManifest(run_root / "run_manifest.json", args.run_id, methods, seeds, sys.argv[1:])
     log.write()
     steps = plan(methods)
     total = len(steps) * len(seeds) + 1

@@ -14,13 +14,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from utils.config import ROOT  # noqa: E402
-from utils.data_adapters import read_records  # noqa: E402
-from utils.engines import make_engine  # noqa: E402
-from utils.evaluation import score_episodes, summarize_scores  # noqa: E402
-from utils.reward_spec import read_spec  # noqa: E402
-from utils.rollout import Codec, Rollout, RolloutSpec  # noqa: E402
-from utils.run_config import EngineConfig, TemplatesConfig  # noqa: E402
+from utils.core.config import ROOT  # noqa: E402
+from utils.core.io import read_records  # noqa: E402
+from utils.agent.engines import make_engine  # noqa: E402
+from utils.eval.evaluation import summarize_scores  # noqa: E402
+from utils.reward.spec import score_episodes  # noqa: E402
+from utils.reward.spec import read_spec  # noqa: E402
+from utils.agent.rollout import Codec, Rollout, RolloutSpec  # noqa: E402
+from utils.core.schema import EngineConfig, TemplatesConfig  # noqa: E402
 
 
 def main() -> int:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from utils.config import ROOT  # noqa: E402
-from utils.engines import make_engine  # noqa: E402
-from utils.rollout import Codec, Rollout, RolloutSpec  # noqa: E402
-from utils.run_config import DataConfig, EngineConfig, TemplatesConfig  # noqa: E402
-from utils.synthetic import generate_rows  # noqa: E402
+from utils.core.config import ROOT  # noqa: E402
+from utils.agent.engines import make_engine  # noqa: E402
+from utils.agent.rollout import Codec, Rollout, RolloutSpec  # noqa: E402
+from utils.core.schema import DataConfig, EngineConfig, TemplatesConfig  # noqa: E402
+from utils.data.synthetic import generate_rows  # noqa: E402
 
 
 def main() -> int:
@@ -35,7 +35,7 @@ def main() -> int:
 
     adapter = args.adapter
     if adapter is None:
-        from utils.sft import train_gold_adapter
+        from tests.helpers import train_gold_adapter
         t0 = time.time()
         adapter = train_gold_adapter(args.model, Path(tempfile.mkdtemp()) / "adapter")
         print(f"trained a protocol adapter in {time.time() - t0:.0f}s")

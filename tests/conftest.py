@@ -2,8 +2,8 @@
 whole session; tests that use it set the adapter they need first."""
 import pytest
 
-from utils.config import ROOT
-from utils.run_config import EngineConfig
+from utils.core.config import ROOT
+from utils.core.schema import EngineConfig
 
 BASE = ROOT / "artifacts" / "tiny-arith"
 ENGINE_CFG = EngineConfig(max_lora_rank=8, max_loras=2)
@@ -26,7 +26,7 @@ def hf_base():
 
 @pytest.fixture(scope="session")
 def vllm_engine():
-    from utils.engines import VLLMEngine
+    from utils.agent.engines import VLLMEngine
 
     engine = VLLMEngine(BASE, ENGINE_CFG, seed=0)
     yield engine
@@ -35,7 +35,7 @@ def vllm_engine():
 
 @pytest.fixture(scope="session")
 def hf_engine():
-    from utils.engines import HFEngine
+    from utils.agent.engines import HFEngine
 
     return HFEngine(BASE, ENGINE_CFG)
 
@@ -68,6 +68,6 @@ def adapters(tmp_path_factory):
 @pytest.fixture(scope="session")
 def protocol_adapter(tmp_path_factory):
     """A LoRA adapter briefly SFT-trained on gold traces, so rollouts run several real turns."""
-    from utils.sft import train_gold_adapter
+    from helpers import train_gold_adapter
 
     return train_gold_adapter(BASE, tmp_path_factory.mktemp("protocol") / "adapter")

@@ -6,7 +6,7 @@ the engine (parsing, ending, masks, serialisation) runs unchanged.
 """
 import torch
 
-from utils.engines import Sample, _truncate_at_stop
+from utils.agent.engines import Sample, _truncate_at_stop
 
 
 class ScriptedEngine:

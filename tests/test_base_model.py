@@ -2,11 +2,11 @@
 a real base model (it knows held-out arithmetic that a random init does not)."""
 import torch
 
-from utils.build_base import DEFAULT_RECIPE, build
-from utils.config import from_dict, read_yaml
-from utils.download import verify_base
-from utils.manifest import read_manifest
-from utils.tiny_model import (BOS_ID, PretrainConfig, chain_prompts, char_vocab, greedy_accuracy, heldout_prompts,
+from utils.tinyarith.build import DEFAULT_RECIPE, build
+from utils.core.config import from_dict, read_yaml
+from utils.tinyarith.download import verify_base
+from utils.core.manifest import read_manifest
+from utils.tinyarith.model import (BOS_ID, PretrainConfig, chain_prompts, char_vocab, greedy_accuracy, heldout_prompts,
                               llama_config)
 
 

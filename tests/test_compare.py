@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from utils.compare import config_diff, paired_bootstrap
-from utils.config import ROOT
+from utils.eval.compare import config_diff
+from utils.eval.stats import paired_bootstrap
+from utils.core.config import ROOT
 
 FIELDS = ("accuracy", "format", "answered", "reward", "turns", "subtasks", "tokens_planner", "tokens_executor")
 
@@ -51,7 +52,7 @@ def test_summary_and_report_carry_the_metrics_json_numbers(tmp_path):
         sd = run / f"seed_{seed}"
         sources[(seed, "red")] = _evaluation(sd, "red", seed, [1.0] * (15 + seed) + [0.0] * (5 - seed))
         sources[(seed, "grpo")] = _evaluation(sd, "grpo", seed, [1.0] * 10 + [0.0] * 10, lr=1e-3)
-        sources[(seed, "sft_warmup")] = _evaluation(sd, "sft", seed, [0.0] * 20)
+        sources[(seed, "sft_warmup")] = _evaluation(sd, "sft_warmup", seed, [0.0] * 20)
     res = _compare(tmp_path, "--run_id", "r")
     assert res.returncode == 0, res.stderr
     out = run / "08_compare_runs"
@@ -109,7 +110,7 @@ def test_config_diff_lists_only_differing_keys():
 def test_bad_inputs_name_the_file_and_row(tmp_path, damage, message):
     run = tmp_path / "outputs" / "r"
     _evaluation(run, "red", 1, [1.0, 0.0])
-    _evaluation(run, "sft", 1, [0.0, 0.0])
+    _evaluation(run, "sft_warmup", 1, [0.0, 0.0])
     damage(run / "07_evaluate" / "red")
     res = _compare(tmp_path, "--run_id", "r")
     assert res.returncode == 1 and message in res.stderr, res.stderr

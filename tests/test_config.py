@@ -3,9 +3,9 @@ import dataclasses
 
 import pytest
 
-from utils.config import ConfigError, describe
-from utils.run_config import RunConfig, load_run_config
-from utils.config import CONFIG_DIR
+from utils.core.config import ConfigError, describe
+from utils.core.schema import RunConfig, load_run_config
+from utils.core.config import CONFIG_DIR
 
 
 def test_default_tiers_resolve_to_the_embedded_default():
@@ -85,3 +85,58 @@ def test_describe_lists_every_leaf_with_help():
     assert n_leaves >= 60
     for f in dataclasses.fields(RunConfig):
         assert f.metadata.get("help"), f"{f.name} has no help"
+
+
+@pytest.mark.parametrize("override,valid", [
+    ("algorithm.rl.loss_agg=token_mean", "token-mean, seq-mean-token-mean, seq-mean-token-sum-norm"),
+    ("algorithm.rl.adv_scaling=std", "group, batch, none"),
+    ("model.engine.name=sglang", "vllm, hf"),
+    ("data.scorer=bleu", "em, f1, cem, numeric"),
+    ("traces.source=silver", "gold, solution, teacher"),
+    ("wandb_mode=cloud", "auto, online, offline, disabled"),
+])
+def test_choice_fields_fail_at_parse_time_listing_the_valid_values(override, valid):
+    with pytest.raises(ConfigError) as err:
+        load_run_config(overrides=[override])
+    assert f"valid: {valid}" in str(err.value) and override.split("=")[0] in str(err.value)
+
+
+def test_choice_lists_agree_with_the_registries():
+    from utils.agent.engines import ENGINES
+    from utils.core import schema
+    from utils.core.methods import METHODS
+    from utils.data.adapters import ADAPTERS
+    from utils.reward.scorers import SCORERS
+    from utils.train.losses import ADVANTAGES, AGGREGATIONS
+
+    assert set(schema.ENGINE_NAMES) == set(ENGINES)
+    assert set(schema.LOSS_AGGS) == set(AGGREGATIONS)
+    assert set(schema.ADV_SCALINGS) == set(ADVANTAGES)
+    assert set(schema.SCORER_NAMES) == set(SCORERS)
+    assert set(schema.ADAPTER_NAMES) == set(ADAPTERS)
+    algorithms = {p.stem for p in (CONFIG_DIR / "algorithms").glob("*.yaml")}
+    assert algorithms == set(METHODS)
+
+
+@pytest.mark.parametrize("algorithm,override,implied", [
+    ("red", "algorithm.sft.enabled=false", "grpo"),
+    ("red", "algorithm.red.G=1", "fixed_sft"),
+    ("fixed_sft", "algorithm.red.G=5", "red"),
+    ("grpo", "algorithm.sft.enabled=true", None),
+    ("sft", "algorithm.rl.enabled=true", None),
+])
+def test_a_method_label_that_contradicts_its_flags_is_refused(algorithm, override, implied):
+    with pytest.raises(ConfigError) as err:
+        load_run_config(algorithm=algorithm, overrides=[override])
+    msg = str(err.value)
+    assert f"algorithm.method '{algorithm}' contradicts" in msg and override.split("=")[0] in msg
+    if implied:
+        assert f"use --algorithm {implied}" in msg
+
+
+def test_every_method_config_is_consistent_and_implies_itself():
+    from utils.core.methods import METHODS, contradictions, implied_method
+
+    for name in METHODS:
+        alg = load_run_config(algorithm=name).algorithm
+        assert alg.method == name and contradictions(alg) == [] and implied_method(alg) == name

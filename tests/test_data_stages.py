@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from utils.config import ROOT
-from utils.data_adapters import DataError, load_split
-from utils.run_config import DataConfig
-from utils.synthetic import write_dataset
+from utils.core.io import DataError
+from utils.data.adapters import load_split
+from utils.core.schema import DataConfig
+from utils.data.synthetic import write_dataset
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def run_stage(stage: str, outputs: Path, *args: str) -> int:
-    from utils.stages import run_main
+    from utils.core.stages import run_main
 
     mod = importlib.import_module(stage)
     argv = ["--set", f"outputs_dir={outputs}", "--run_id", "t", *args]

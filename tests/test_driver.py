@@ -8,18 +8,21 @@ import subprocess
 import sys
 import time
 
-from utils.config import ROOT
-from utils.run_config import DataConfig
-from utils.synthetic import write_dataset
+from utils.core.config import ROOT
+from utils.core.schema import DataConfig
+from utils.data.synthetic import write_dataset
 
 TINY = ["data.n_train=40", "data.n_val=6", "data.n_test=6", "warmup.steps=6", "warmup.eval_every=0",
         "warmup.eval_size=3", "warmup.batch_size=8", "algorithm.rl.steps=2", "algorithm.rl.questions_per_step=2",
         "algorithm.rl.n_samples=2", "model.engine.name=hf", "wandb_mode=disabled"]
 
 
+RUN = "red"  # a run id that is also a method and a checkpoint name: the driver must not confuse them
+
+
 def _argv(out, data, method, extra):
     sets = [x for s in TINY + [f"outputs_dir={out}", f"data.path={data}", *extra] for x in ("--set", s)]
-    return [sys.executable, "09_driver.py", "--method", method, "--run_id", "d", *sets]
+    return [sys.executable, "09_driver.py", "--method", method, "--run_id", RUN, *sets]
 
 
 def _driver(out, data, *extra, method="red"):
@@ -37,22 +40,22 @@ def test_driver_runs_the_chain_then_skips_then_reruns_downstream(tmp_path):
     first = _driver(out, data)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces",
-                  "04_sft_warmup", "05_train_red_grpo/red", "07_evaluate/base", "07_evaluate/sft", "07_evaluate/red"):
-        m = json.loads((out / "d" / stage / "manifest.json").read_text())
+                  "04_sft_warmup", "05_train_red_grpo/red", "07_evaluate/base", "07_evaluate/sft_warmup", "07_evaluate/red"):
+        m = json.loads((out / RUN / stage / "manifest.json").read_text())
         assert m["status"] == "completed", stage
-    metrics = json.loads((out / "d" / "07_evaluate" / "red" / "metrics.json").read_text())
+    metrics = json.loads((out / RUN / "07_evaluate" / "red" / "metrics.json").read_text())
     assert set(metrics) >= {"accuracy", "accuracy_ci95", "format", "turns", "failures"}
-    report = out / "d" / "08_compare_runs" / "report.md"
+    report = out / RUN / "08_compare_runs" / "report.md"
     assert f"report: {report}" in first.stdout
     assert "red − sft_warmup" in report.read_text()  # the paired test against the SFT starting point
-    run_manifest = json.loads((out / "d" / "run_manifest.json").read_text())
+    run_manifest = json.loads((out / RUN / "run_manifest.json").read_text())
     assert run_manifest["status"] == "completed" and len(run_manifest["stages"]) == 10
     assert all(s["action"] == "ran" and s["status"] == "completed" for s in run_manifest["stages"])
 
     second = _driver(out, data)
     assert second.returncode == 0
     assert second.stdout.count("skipped (up to date)") == 10 and "running" not in second.stdout
-    assert [s["action"] for s in json.loads((out / "d" / "run_manifest.json").read_text())["stages"]] == ["skipped"] * 10
+    assert [s["action"] for s in json.loads((out / RUN / "run_manifest.json").read_text())["stages"]] == ["skipped"] * 10
     third = _driver(out, data, "algorithm.rl.lr=0.001")  # read only by 05: 05, its evaluation and 08 re-run
     assert _ran(third.stdout) == ["05_train_red_grpo/red", "07_evaluate/red", "08_compare_runs"], third.stdout
 
@@ -60,18 +63,28 @@ def test_driver_runs_the_chain_then_skips_then_reruns_downstream(tmp_path):
     grpo = ["algorithm.rl.steps=4", "algorithm.rl.save_freq=1"]
     proc = subprocess.Popen(_argv(out, data, "grpo", grpo), cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
-    ckpt, deadline = out / "d" / "06_ablate_grpo_only" / "grpo" / "ckpt", time.time() + 600
+    ckpt, deadline = out / RUN / "06_ablate_grpo_only" / "grpo" / "ckpt", time.time() + 600
     while not list(ckpt.glob("step_*/state.json")) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert list(ckpt.glob("step_*")), "06 never checkpointed before the kill"
-    assert json.loads((out / "d" / "run_manifest.json").read_text())["status"] == "running"
+    assert json.loads((out / RUN / "run_manifest.json").read_text())["status"] == "running"
     resumed = _driver(out, data, *grpo, method="grpo")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert _ran(resumed.stdout) == ["06_ablate_grpo_only/grpo", "07_evaluate/grpo", "08_compare_runs"]
     assert "06_ablate_grpo_only: resuming grpo from step" in resumed.stdout
     trained = [json.loads(x)["step"] for x in (ckpt.parent / "metrics.jsonl").read_text().splitlines()]
     assert trained == [1, 2, 3, 4]  # no step lost or repeated across the kill
-    assert "red − grpo" in (out / "d" / "08_compare_runs" / "report.md").read_text()
-    assert json.loads((out / "d" / "run_manifest.json").read_text())["status"] == "completed"
+    assert "red − grpo" in (out / RUN / "08_compare_runs" / "report.md").read_text()
+    assert json.loads((out / RUN / "run_manifest.json").read_text())["status"] == "completed"
+
+
+def test_plan_keeps_run_ids_that_are_method_or_checkpoint_names(tmp_path):
+    from utils.core.methods import CHECKPOINTS, METHODS
+    from utils.driver import REPORT, plan, stage_path
+
+    for run_id in CHECKPOINTS:
+        common = ["--run_id", run_id, "--set", f"outputs_dir={tmp_path}"]
+        for step in plan(list(METHODS)) + [REPORT]:
+            assert stage_path(common, step) == tmp_path / run_id / step.dir_name

@@ -4,12 +4,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from utils.rollout import Codec, Rollout, RolloutSpec
-from utils.run_config import TemplatesConfig
-from utils.synthetic import generate_rows
-from utils.run_config import DataConfig
+from utils.agent.rollout import Codec, Rollout, RolloutSpec
+from utils.core.schema import TemplatesConfig
+from utils.data.synthetic import generate_rows
+from utils.core.schema import DataConfig
 
-LOGPROB_TOL = 1e-4  # fp32 on CPU (DESIGN.md §7 measured 1e-6); tests/test_engines.py prints the worst case
+LOGPROB_TOL = 1e-4  # fp32 on CPU (measured agreement: docs/ARCHITECTURE.md "Engines")
 
 
 def _rows(n=12):
@@ -80,7 +80,7 @@ def test_adapter_update_reaches_the_vllm_sampler(vllm_engine, adapters, base_dir
 
 
 def test_sampling_is_seeded_per_request(vllm_engine, base_dir):
-    from utils.engines import SamplingSpec
+    from utils.agent.engines import SamplingSpec
 
     tok = AutoTokenizer.from_pretrained(base_dir)
     vllm_engine.set_adapter(None)
@@ -93,8 +93,8 @@ def test_sampling_is_seeded_per_request(vllm_engine, base_dir):
 
 
 def test_unknown_engine_name_lists_valid_ones(base_dir):
-    from utils.engines import make_engine
-    from utils.run_config import EngineConfig
+    from utils.agent.engines import make_engine
+    from utils.core.schema import EngineConfig
 
     with pytest.raises(KeyError, match="valid: hf, vllm"):
         make_engine("tgi", base_dir, EngineConfig())

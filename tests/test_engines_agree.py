@@ -3,9 +3,9 @@ import random
 
 import torch
 
-from utils.tiny_model import BOS_ID, EOS_ID, PAD_ID, char_vocab
+from utils.tinyarith.model import BOS_ID, EOS_ID, PAD_ID, char_vocab
 
-LOGPROB_TOL = 1e-4  # fp32 on CPU; DESIGN.md §7 measured agreement within 1e-6
+LOGPROB_TOL = 1e-4  # fp32 on CPU; docs/ARCHITECTURE.md "Engines" gives the measured agreement
 
 
 def _prompts(n: int = 48) -> list[list[int]]:

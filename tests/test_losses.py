@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from utils.losses import (AGGREGATIONS, RedState, advantages, aggregate, gather_logprobs, k3_kl, ppo_clip_loss,
+from utils.train.losses import (AGGREGATIONS, RedState, advantages, aggregate, gather_logprobs, k3_kl, ppo_clip_loss,
                           red_update, red_weights, sft_cross_entropy, token_entropy)
 
 MASK = torch.tensor([[1., 1., 1., 0.], [1., 1., 0., 0.]])

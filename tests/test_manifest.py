@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from utils import manifest as mf
-from utils.config import ROOT
-from utils.manifest import VOLATILE_KEYS, StageRun, atomic_write_json, manifest_digest, path_sha256, read_manifest
+from utils.core import manifest as mf
+from utils.core.config import ROOT
+from utils.core.manifest import VOLATILE_KEYS, StageRun, atomic_write_json, manifest_digest, path_sha256, read_manifest
 
 
 def _run_stage(out_dir, inp, config):
@@ -104,7 +104,7 @@ def test_sigkilled_stage_never_claims_success(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(ROOT)!r})
-        from utils.manifest import StageRun
+        from utils.core.manifest import StageRun
         with StageRun("03_demo", {str(tmp_path)!r}, {{"a": 1}}):
             print("started", flush=True)
             time.sleep(60)

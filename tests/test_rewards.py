@@ -3,23 +3,25 @@ import math
 
 import pytest
 
-from utils.judge import JudgeUnreachable, check_judge, judge_score, parse_judge_score
-from utils.reward_cases import CASES, run_cases
-from utils.reward_spec import RewardSpec, score_answer
-from utils.rewards import (RewardWeights, composite, extract_tag, format_score, normalize_answer, parse_number,
-                           score_f1)
-from utils.run_config import JudgeConfig
+from utils.reward.judge import JudgeUnreachable, check_judge, judge_score, parse_judge_score
+from utils.reward.cases import CASES, run_cases
+from utils.reward.spec import RewardSpec, score_answer
+from utils.agent.protocol import extract_tag, format_score
+from utils.core.schema import RewardConfig
+from utils.reward import scorers
+from utils.reward.scorers import composite, normalize_answer, parse_number, score_f1
+from utils.core.schema import JudgeConfig
 
 
 def test_every_hand_computed_case_passes():
-    failed = [r for r in run_cases(RewardWeights()) if not r["passed"]]
+    failed = [r for r in run_cases(RewardConfig()) if not r["passed"]]
     assert not failed, failed
     assert len(CASES) >= 25
 
 
 def test_a_wrong_expectation_is_reported_as_failed():
     bad = [{"fn": "em", "pred": "a", "golds": ["b"], "expected": 1.0}]
-    assert run_cases(RewardWeights(), bad)[0]["passed"] is False
+    assert run_cases(RewardConfig(), bad)[0]["passed"] is False
 
 
 @pytest.mark.parametrize("text,value", [("1,234", 1234.0), ("$5", 5.0), ("12%", 12.0), ("-3.50", -3.5),
@@ -48,15 +50,15 @@ def test_rewards_never_raise_on_garbage(text):
     for role in ("planner", "executor"):
         value, comps = format_score(text, role)
         assert 0.0 <= value <= 1.0 and set(comps) == {"think", "action"}
-    value, comps = composite("numeric", text, ["5"], 0.3, 10, RewardWeights())
+    value, comps = composite("numeric", text, ["5"], 0.3, 10, RewardConfig())
     assert math.isfinite(value) and comps["answer"] in (0.0, 1.0)
     for scorer in ("em", "f1", "cem"):
-        assert math.isfinite(composite(scorer, text, ["x"], 0.0, 0, RewardWeights())[0])
+        assert math.isfinite(composite(scorer, text, ["x"], 0.0, 0, RewardConfig())[0])
     extract_tag(text, "answer")
 
 
 def test_composite_efficiency_term():
-    w = RewardWeights(efficiency_weight=1.0, efficiency_budget=100)
+    w = RewardConfig(efficiency_weight=1.0, efficiency_budget=100)
     inside = composite("numeric", "5", ["5"], 1.0, 100, w)
     over = composite("numeric", "5", ["5"], 1.0, 150, w)
     assert inside[0] == pytest.approx(3.1)
@@ -64,12 +66,23 @@ def test_composite_efficiency_term():
 
 
 def test_non_finite_format_counts_as_zero():
-    assert composite("numeric", "5", ["5"], float("nan"), 0, RewardWeights())[1]["format"] == 0.0
+    assert composite("numeric", "5", ["5"], float("nan"), 0, RewardConfig())[1]["format"] == 0.0
+
+
+def test_a_bug_in_a_scorer_is_not_swallowed(monkeypatch):
+    """Garbage output scores 0 without raising (above); a scorer that itself raises is a bug, and
+    composite lets it surface instead of turning it into reward -3."""
+    def broken(pred, golds, rel_tol=1e-4):
+        raise ZeroDivisionError("bug in scorer")
+
+    monkeypatch.setattr(scorers, "score_numeric", broken)
+    with pytest.raises(ZeroDivisionError, match="bug in scorer"):
+        composite("numeric", "5", ["5"], 1.0, 0, RewardConfig())
 
 
 def test_unknown_scorer_is_a_config_error():
     with pytest.raises(KeyError, match="valid: cem, em, f1, numeric"):
-        composite("bleu", "x", ["x"], 0, 0, RewardWeights())
+        composite("bleu", "x", ["x"], 0, 0, RewardConfig())
 
 
 @pytest.mark.parametrize("reply,score", [("8", 0.8), ("Score: 10/10", 1.0), ("0", 0.0), ("I think 7.", 0.7),

@@ -6,8 +6,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from scripted import ScriptedEngine
-from utils.rollout import Codec, Episode, Rollout, RolloutSpec, dump_episodes, load_episodes
-from utils.run_config import TemplatesConfig
+from utils.agent.episode import Episode, dump_episodes, episode_sequences, load_episodes
+from utils.agent.rollout import Codec, Rollout, RolloutSpec
+from utils.core.schema import TemplatesConfig
 
 ROW = {"id": "q1", "question": "12+7-3", "answers": ["16"]}
 GOOD_PLANNER = ["<think>12+7-3</think><task>12+7</task>", "<think>19-3</think><task>19-3</task>",
@@ -72,8 +73,10 @@ def test_result_tokens_are_never_trained(hf_base, tok):
     (a,), _ = scripted(hf_base, tok, GOOD_PLANNER, GOOD_EXECUTOR)
     other = ["<think>12+7=18</think><answer>18</answer>", GOOD_EXECUTOR[1]]
     (b,), _ = scripted(hf_base, tok, GOOD_PLANNER, other)
-    ids_a, mask_a, lp_a = a.planner_sequence()
-    ids_b, mask_b, _ = b.planner_sequence()
+    pa, pb = episode_sequences(a)[0], episode_sequences(b)[0]
+    assert pa.role == pb.role == "planner"
+    ids_a, mask_a, lp_a = pa.ids, pa.mask, pa.logprobs
+    ids_b, mask_b = pb.ids, pb.mask
     assert mask_a == mask_b and len(ids_a) == len(ids_b)
     differ = [k for k in range(len(ids_a)) if ids_a[k] != ids_b[k]]
     assert differ, "the two episodes should differ in their injected results"
@@ -89,7 +92,7 @@ def test_episodes_round_trip_through_jsonl(hf_base, tok, tmp_path):
     dump_episodes(eps, tmp_path / "eps.jsonl")
     back = load_episodes(tmp_path / "eps.jsonl")
     assert [e.to_json() for e in back] == [e.to_json() for e in eps]
-    assert isinstance(back[0], Episode) and back[0].segments[0].loss_mask[-1] == 1
+    assert isinstance(back[0], Episode) and episode_sequences(back[0])[0].mask[-1] == 1
 
 
 def test_context_overflow_ends_the_episode(hf_base, tok):
@@ -99,3 +102,17 @@ def test_context_overflow_ends_the_episode(hf_base, tok):
     (ep,) = ro.run([ROW], n=1, seed=0)
     assert ep.status == "malformed" and ep.error == "planner context exceeds max_model_len"
     assert ep.format_score == 0.0 and not ep.segments
+
+
+def test_gold_trace_examples_equal_the_rollout_of_the_same_texts(hf_base, tok):
+    """SFT traces and RL batches are built by one function from the same kind of episode: the gold
+    trace's examples are exactly the training sequences of a rollout that generated its texts."""
+    from utils.agent.traces import examples_from_trace, make_trace
+
+    trace = make_trace("q0", ROW["question"], [("12+7", "19"), ("19-3", "16")], "16")
+    assert trace.planner_turns == GOOD_PLANNER and [t for _, t in trace.executor_calls] == GOOD_EXECUTOR
+    (ep,), _ = scripted(hf_base, tok, GOOD_PLANNER, GOOD_EXECUTOR)
+    from_rollout = [(e.role, e.ids, e.mask) for e in episode_sequences(ep)]
+    from_trace = [(e.role, e.ids, e.mask) for e in examples_from_trace(trace, Codec(tok, TemplatesConfig()))]
+    assert [r for r, _, _ in from_trace] == ["planner", "executor", "executor"]
+    assert from_trace == from_rollout

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from utils.config import ROOT
+from utils.core.config import ROOT
 
 STAGES = sorted(p.name for p in ROOT.glob("[0-9][0-9]_*.py"))
 

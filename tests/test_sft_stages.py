@@ -4,17 +4,17 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoTokenizer
 
+from helpers import kill_once_logged
 from test_data_stages import FIXTURES, manifest, run_stage
-from utils.config import ROOT
-from utils.run_config import DataConfig
-from utils.synthetic import write_dataset
+from utils.core.config import ROOT
+from utils.core.schema import DataConfig
+from utils.data.synthetic import write_dataset
 
 SMALL = ["--set", "data.n_train=60", "--set", "data.n_val=8", "--set", "data.n_test=8"]
 
@@ -97,11 +97,12 @@ def _sft_args(extra=()):
 
 def test_sft_changes_every_lora_parameter_and_no_base_weight(base_dir, tmp_path):
     """TRL-style: train briefly, then every trainable (LoRA) tensor moved and no base weight did."""
-    from utils.rollout import Codec
-    from utils.run_config import LoraConfig, TemplatesConfig, WarmupConfig
-    from utils.sft import gold_examples, load_policy
-    from utils.sft_trainer import SftLoop
-    from utils.synthetic import generate_rows
+    from utils.agent.rollout import Codec
+    from utils.core.schema import LoraConfig, TemplatesConfig, WarmupConfig
+    from helpers import gold_examples
+    from utils.train.policy import load_policy
+    from utils.train.sft_trainer import SftLoop
+    from utils.data.synthetic import generate_rows
 
     tok = AutoTokenizer.from_pretrained(base_dir)
     rows = [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])], "meta": {"steps": r["steps"]}}
@@ -123,10 +124,10 @@ def test_sft_changes_every_lora_parameter_and_no_base_weight(base_dir, tmp_path)
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_final_ratio():
-    from utils.sft_trainer import warmup_cosine
+    from utils.train.schedule import warmup_cosine
 
-    assert [warmup_cosine(s, 4, 20) for s in (0, 3)] == [0.25, 1.0]
-    assert warmup_cosine(20, 4, 20) == pytest.approx(0.1)  # default: cosine down to 10%
+    assert [warmup_cosine(s, 4, 20, final=0.1) for s in (0, 3)] == [0.25, 1.0]
+    assert warmup_cosine(20, 4, 20, final=0.1) == pytest.approx(0.1)  # cosine down to 10%
     assert warmup_cosine(12, 4, 20, final=0.5) == pytest.approx(0.75)  # halfway: midpoint of 1 and 0.5
     assert {warmup_cosine(s, 4, 20, final=1.0) for s in range(4, 30)} == {1.0}  # constant after warmup
 
@@ -163,15 +164,8 @@ def test_killed_sft_run_resumes_without_lost_or_repeated_steps(prepared, tmp_pat
     reference = _losses(out / "ref" / "04_sft_warmup")
     # the interrupted run: SIGKILL once step 7 is logged (checkpoint at 6), then run again
     log = out / "t" / "04_sft_warmup" / "logs" / "train.jsonl"
-    proc = subprocess.Popen(cmd + ["--run_id", "t"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if log.is_file() and len(log.read_text().splitlines()) >= 7:
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.05)
-    proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    code = kill_once_logged(cmd + ["--run_id", "t"], ROOT, log, lines=7, timeout=300)
+    assert code == -signal.SIGKILL, "the run finished before it could be killed"
     assert manifest(out, "04_sft_warmup")["status"] == "running"
     second = subprocess.run(cmd + ["--run_id", "t"], cwd=ROOT, capture_output=True, text=True)
     assert second.returncode == 0, second.stderr

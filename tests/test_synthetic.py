@@ -3,9 +3,9 @@ import json
 import random
 import re
 
-from utils.arith import OperandRange, apply_op, is_heldout, is_task_question, make_problem, pretrain_text
-from utils.run_config import DataConfig
-from utils.synthetic import generate_rows, write_dataset
+from utils.data.arith import OperandRange, apply_op, is_heldout, is_task_question, make_problem, pretrain_text
+from utils.core.schema import DataConfig
+from utils.data.synthetic import generate_rows, write_dataset
 
 
 def _eval_left_to_right(question: str) -> int:

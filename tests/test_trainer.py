@@ -4,27 +4,28 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 from transformers import AutoTokenizer
 
 from test_sft_stages import prepared  # noqa: F401 - fixture
+from helpers import kill_once_logged
 from test_data_stages import manifest, run_stage
-from utils.config import ROOT
-from utils.rollout import Codec, Rollout, RolloutSpec
-from utils.run_config import DataConfig, load_run_config
-from utils.synthetic import generate_rows
+from utils.core.config import ROOT
+from utils.agent.rollout import Codec, Rollout, RolloutSpec
+from utils.core.schema import DataConfig, load_run_config
+from utils.data.synthetic import generate_rows
 
 MISMATCH_TOL = 1e-4  # fp32 CPU; see tests/test_engines.py for the engine agreement itself
 
 
 def _trainer(cfg, engine, adapter, tmp_path, base_dir):
-    from utils.grpo_trainer import GrpoTrainer
-    from utils.reward_spec import RewardSpec
-    from utils.sft import gold_examples, load_policy
-    from utils.tracking import MetricsLogger
+    from utils.train.grpo_trainer import GrpoTrainer
+    from utils.reward.spec import RewardSpec
+    from helpers import gold_examples
+    from utils.train.policy import load_policy
+    from utils.core.tracking import MetricsLogger
 
     tok = AutoTokenizer.from_pretrained(base_dir)
     codec = Codec(tok, cfg.model.templates)
@@ -65,7 +66,7 @@ def test_a_stale_sampler_is_detected(vllm_engine, protocol_adapter, tmp_path, ba
 
 
 def test_non_finite_loss_skips_the_step(hf_engine, protocol_adapter, tmp_path, base_dir, monkeypatch):
-    import utils.grpo_trainer as gt
+    import utils.train.grpo_trainer as gt
 
     trainer = _trainer(_cfg("algorithm.rl.steps=1"), hf_engine, protocol_adapter, tmp_path, base_dir)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
@@ -119,15 +120,8 @@ def test_killed_training_resumes_and_matches_an_uninterrupted_run(prepared, tmp_
     ref = subprocess.run(_run_05(out, args + sft, "ref"), cwd=ROOT, capture_output=True, text=True)
     assert ref.returncode == 0, ref.stderr
     metrics = out / "t" / "05_train_red_grpo" / "red" / "metrics.jsonl"
-    proc = subprocess.Popen(_run_05(out, args + sft, "t"), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.05)
-    proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    code = kill_once_logged(_run_05(out, args + sft, "t"), ROOT, metrics, lines=3, timeout=600)
+    assert code == -signal.SIGKILL, "the run finished before it could be killed"
     again = subprocess.run(_run_05(out, args + sft, "t"), cwd=ROOT, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert "resuming red from step 2" in again.stdout

@@ -1,46 +1,56 @@
 """The plan behind `09_driver.py`: which stage runs with which arguments, and when it may be skipped.
 
-A stage is skipped (the `dvc repro` rule, DESIGN.md §1) when its manifest says completed, its
-config hash equals the hash of the config slice it would run with now, every recorded input
-still hashes the same, and every recorded parent manifest still has the same digest. Anything
-else (a new config value, a changed input, a re-run parent, a killed run) runs it again.
+A stage is skipped (the `dvc repro` rule, docs/ARCHITECTURE.md "Stages") when its manifest says
+completed, its config hash equals the hash of the config slice it would run with now, every
+recorded input still hashes the same, and every recorded parent manifest still has the same
+digest. Anything else (a new config value, a changed input, a re-run parent, a killed run) runs
+it again. The per-method steps come from the method registry (utils/core/methods.py); a stage's
+hash is computed from the stage table (utils/core/stages.py), never by importing the scripts.
 """
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass, field
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from utils.cli import parse_stage_args
-from utils.manifest import MANIFEST_NAME, config_sha256, manifest_digest, path_sha256, read_manifest
-from utils.run_config import repo_path
-from utils.stages import config_slice, stage_dir
+from utils.core.cli import parse_stage_args
+from utils.core.config import ROOT
+from utils.core.manifest import (MANIFEST_NAME, atomic_write_json, config_sha256, manifest_digest, path_sha256,
+                                 read_manifest, rel, utc_now)
+from utils.core.methods import BASE, METHODS, SFT_WARMUP
+from utils.core.schema import repo_path
+from utils.core.stages import stage_config, stage_dir
+from utils.eval.compare import DEFAULT_RESAMPLES, compare_settings
 
-METHODS = ("red", "grpo", "fixed_sft", "sft")
-TRAIN_STEP = {"red": ("05_train_red_grpo", "red"), "fixed_sft": ("05_train_red_grpo", "fixed_sft"),
-              "sft": ("05_train_red_grpo", "sft"), "grpo": ("06_ablate_grpo_only", "grpo")}
-EVAL_NAME = {"red": "red", "fixed_sft": "fixed_sft", "sft": "sft_method", "grpo": "grpo"}
+DATA_STAGES = ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces", "04_sft_warmup")
 
 
 @dataclass
 class Step:
     script: str  # module name, e.g. "05_train_red_grpo"
     dir_name: str  # stage directory under the run, e.g. "05_train_red_grpo/red"
-    args: list[str] = field(default_factory=list)  # stage-specific arguments
-    extra: dict = field(default_factory=dict)  # settings hashed beside the config slice (07)
+    algorithm: str | None = None  # --algorithm for a trainer (it selects the config)
+    checkpoint: str | None = None  # --checkpoint for 07
+
+    @property
+    def args(self) -> list[str]:
+        """The step's own command-line arguments, after the run's common ones."""
+        if self.algorithm:
+            return ["--algorithm", self.algorithm]
+        return ["--checkpoint", self.checkpoint] if self.checkpoint else []
+
+
+def _evaluate(checkpoint: str) -> Step:
+    return Step("07_evaluate", f"07_evaluate/{checkpoint}", checkpoint=checkpoint)
 
 
 def plan(methods: list[str]) -> list[Step]:
-    steps = [Step(s, s) for s in ("00_check_data", "01_prepare_dataset", "02_build_rewards",
-                                  "03_generate_sft_traces", "04_sft_warmup")]
-    steps += [Step("07_evaluate", f"07_evaluate/{c}", ["--checkpoint", c], {"checkpoint": c, "pass_k": 0, "limit": 0})
-              for c in ("base", "sft")]
-    for m in methods:
-        script, method = TRAIN_STEP[m]
-        steps.append(Step(script, f"{script}/{method}", ["--algorithm", method if method != "grpo" else "grpo"]))
-        ckpt = EVAL_NAME[m]
-        steps.append(Step("07_evaluate", f"07_evaluate/{ckpt}", ["--checkpoint", ckpt],
-                          {"checkpoint": ckpt, "pass_k": 0, "limit": 0}))
+    steps = [Step(s, s) for s in DATA_STAGES] + [_evaluate(BASE), _evaluate(SFT_WARMUP)]
+    for name in methods:
+        m = METHODS[name]
+        steps += [Step(m.trainer, f"{m.trainer}/{name}", algorithm=name), _evaluate(name)]
     return steps
 
 
@@ -48,15 +58,14 @@ REPORT = Step("08_compare_runs", "08_compare_runs")
 
 
 def expected_sha(step: Step, common: list[str]) -> tuple[str, object]:
-    module = importlib.import_module(step.script if step.script != "06_ablate_grpo_only" else "05_train_red_grpo")
-    argv = [a for a in common + step.args]
-    if step.script == "08_compare_runs":  # its settings list the evaluations it would read now
-        cfg, _ = parse_stage_args("", argv)
-        return config_sha256(module.stage_settings(cfg, [], module.DEFAULT_RESAMPLES)), cfg
-    if step.script == "07_evaluate":
-        argv = [a for a in argv if a not in ("--checkpoint", step.extra["checkpoint"])]
-    cfg, _ = parse_stage_args("", argv)
-    return config_sha256({**config_slice(cfg, module.CONFIG_KEYS), **step.extra}), cfg
+    """(the config hash the step's manifest would record if it ran now, its config)."""
+    cfg, _ = parse_stage_args("", common + (["--algorithm", step.algorithm] if step.algorithm else []))
+    if step is REPORT or step.script == REPORT.script:  # its settings list the evaluations it would read now
+        return config_sha256(compare_settings(cfg, [], DEFAULT_RESAMPLES)), cfg
+    settings = stage_config(cfg, step.script)
+    if step.checkpoint:  # 07 hashes its evaluation flags beside the config slice
+        settings = {**settings, "checkpoint": step.checkpoint, "pass_k": 0, "limit": 0}
+    return config_sha256(settings), cfg
 
 
 def up_to_date(step: Step, common: list[str]) -> tuple[Path, bool, str]:
@@ -87,3 +96,50 @@ def _verdict(path: Path, sha: str, cfg) -> tuple[bool, str]:
 def stage_path(common: list[str], step: Step) -> Path:
     _, cfg = expected_sha(step, common)
     return stage_dir(cfg, step.dir_name)
+
+
+class RunManifest:
+    """outputs/<run_id>/run_manifest.json: every stage's manifest, what the driver did with it, and
+    how long it took; rewritten after each stage, so an interrupted run still shows where it stopped."""
+
+    def __init__(self, path: Path, run_id: str, methods: list[str], seeds: list, argv: list[str]):
+        self.path, self.t0 = path, time.time()
+        self.data = {"run_id": run_id, "methods": methods, "seeds": seeds, "status": "running",
+                     "command": " ".join(["python", "09_driver.py", *argv]),
+                     "started_at": utc_now(), "stages": []}
+
+    def record(self, seed, label, directory, action, reason, seconds=0.0, status=None):
+        manifest = directory / MANIFEST_NAME
+        self.data["stages"].append({"stage": label, "seed": seed, "action": action, "reason": reason,
+                                    "seconds": round(seconds, 1), "manifest": rel(manifest),
+                                    "status": status or ("completed" if action == "skipped" else "unknown")})
+        self.write()
+
+    def finish(self, status, report=None):
+        self.data.update(status=status, report=report, wall_seconds=round(time.time() - self.t0, 1),
+                         finished_at=utc_now())
+        self.write()
+
+    def write(self):
+        atomic_write_json(self.path, self.data)
+
+
+def run_step(step, common, force, label, log: RunManifest, seed) -> int:
+    directory, skip, reason = up_to_date(step, common)
+    if force:
+        skip, reason = False, "--force"
+    if skip:
+        print(f"{label}: skipped ({reason})", flush=True)
+        log.record(seed, step.dir_name, directory, "skipped", reason)
+        return 0
+    print(f"{label}: running ({reason})", flush=True)
+    t0 = time.time()
+    code = subprocess.call([sys.executable, f"{step.script}.py", *common, *step.args], cwd=ROOT)
+    log.record(seed, step.dir_name, directory, "ran", reason, time.time() - t0,
+               "completed" if code == 0 else f"failed (exit {code})")
+    if code != 0:
+        print(f"09_driver: {step.dir_name} failed (exit {code}); fix it and re-run the same command to "
+              f"resume from there", file=sys.stderr)
+        return code
+    print(f"{label}: done in {time.time() - t0:.0f}s", flush=True)
+    return 0

@@ -1,0 +1,76 @@
+"""Helpers for tests and benchmarks: protocol-following adapters made quickly from gold traces."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from utils.agent.episode import Example
+from utils.core.stream import Cursor, take
+
+
+def quick_sft(model, examples: list[Example], steps: int, lr: float, batch_size: int, seed: int, pad_id: int) -> list[float]:
+    """A plain SFT loop (no checkpoints, no clipping) over the library's loss and data stream."""
+    import torch
+
+    from utils.train.policy import sft_loss
+
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    losses, cursor = [], Cursor()
+    model.train()
+    for _ in range(steps):
+        loss = sft_loss(model, take(examples, batch_size, str(seed), cursor, within_epoch=True), pad_id)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def gold_examples(rows: list[dict], codec) -> list[Example]:
+    """Training examples from gold traces of prepared rows (rows without a decomposition are skipped)."""
+    from utils.agent.traces import examples_from_trace, trace_from_row
+
+    out = []
+    for row in rows:
+        trace = trace_from_row(row, "gold")
+        if trace is not None:
+            out += examples_from_trace(trace, codec, row.get("context"))
+    return out
+
+
+def train_gold_adapter(base_path: Path, out_dir: Path, n_rows: int = 400, steps: int = 150, seed: int = 0) -> Path:
+    """A quickly SFT-trained protocol-following LoRA adapter on synthetic gold traces."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from utils.agent.rollout import Codec
+    from utils.core.schema import DataConfig, LoraConfig, TemplatesConfig
+    from utils.data.synthetic import generate_rows
+    from utils.train.policy import load_policy
+
+    tok = AutoTokenizer.from_pretrained(base_path)
+    rows = [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])], "meta": {"steps": r["steps"]}}
+            for r in generate_rows(DataConfig(n_train=n_rows, n_val=0, n_test=0))["train"]]
+    torch.manual_seed(seed)  # the LoRA init draws from torch's RNG: seed it, or the adapter depends on test order
+    model = load_policy(base_path, LoraConfig(rank=8, alpha=16))
+    quick_sft(model, gold_examples(rows, Codec(tok, TemplatesConfig())), steps=steps, lr=3e-3, batch_size=32,
+              seed=seed, pad_id=tok.pad_token_id)
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+def kill_once_logged(cmd: list[str], cwd: Path, log: Path, lines: int, timeout: float) -> int:
+    """Start `cmd`, SIGKILL it as soon as `log` has `lines` lines; returns its exit code
+    (-SIGKILL when the kill landed, something else if it finished first)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if log.is_file() and len(log.read_text().splitlines()) >= lines:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    return proc.wait(timeout=60)

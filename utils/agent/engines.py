@@ -1,0 +1,247 @@
+"""Sampling engines: one interface, two registered implementations (docs/ARCHITECTURE.md, "Engines").
+
+- `vllm`: offline `vllm.LLM`; the policy's LoRA adapter is served through `LoRARequest`, and each
+  `set_adapter` registers the new directory under a fresh integer id and releases the old one.
+- `hf`: transformers `generate` with KV cache and left padding; the reference and the fallback.
+
+Both take prompts as token ids (the rollout owns the exact contexts) and return, per prompt and
+sample, a `Sample`: generated ids, text, the sampler's per-token log-probs of the raw model
+distribution (before temperature), and the finish reason ("stop" on a stop string or EOS,
+"length" on the token budget). Generation stops right after the first stop string; the stop
+string is part of the output.
+
+Seeding: vLLM takes a seed per request, so each sample's randomness derives from
+(seed, step, index) alone. HF generate samples a whole batch from torch's global generator,
+seeded once per call: repeatable for the same batch, but not per-request like vLLM. Greedy
+decoding is identical in both (tests/test_engines.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from utils.core.schema import EngineConfig
+from utils.core.tensors import pad
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]
+    text: str
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+
+
+@dataclass
+class SamplingSpec:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    n: int = 1
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A 31-bit seed from (seed, step, index, ...): per-sample randomness without hidden state."""
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+class Engine(Protocol):
+    name: str
+
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Sample]]:
+        """`spec.n` samples for each prompt; `seeds[i]` seeds prompt i."""
+
+    def set_adapter(self, path: Path | None) -> None:
+        """Make the LoRA adapter at `path` (None: the bare base) the current policy."""
+
+    def close(self) -> None: ...
+
+
+def _truncate_at_stop(tokenizer, ids: list[int], stops: list[str], eos_id: int | None) -> tuple[int, str, str]:
+    """(kept length, text, finish reason): cut right after the first stop string or at EOS."""
+    for k, tok in enumerate(ids):
+        if eos_id is not None and tok == eos_id:
+            return k + 1, tokenizer.decode(ids[:k], skip_special_tokens=True), "stop"
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    hits = [(text.find(s), s) for s in stops if s and s in text]
+    if not hits:
+        return len(ids), text, "length"
+    end = min(pos + len(s) for pos, s in hits)
+    # smallest token prefix whose text covers the stop string
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= end:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo, tokenizer.decode(ids[:lo], skip_special_tokens=True), "stop"
+
+
+class HFEngine:
+    """transformers generate, batched with left padding, optionally with a peft adapter."""
+
+    name = "hf"
+
+    def __init__(self, model_path: Path, cfg: EngineConfig, seed: int = 0):  # noqa: ARG002 - seeded per call
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        dtype = getattr(torch, cfg.dtype)
+        self.base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
+        self.peft = None  # a PeftModel once the first adapter is set; later adapters are swapped in
+        self._adapter: str | None = None
+        self._next_id = 1
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.eos_id = self.tokenizer.eos_token_id
+        self.batch_size = cfg.hf_batch_size
+
+    def set_adapter(self, path: Path | None) -> None:
+        from peft import PeftModel
+
+        old = self._adapter
+        if path is None:
+            self._adapter = None
+        else:
+            name = f"policy-{self._next_id}"
+            self._next_id += 1
+            if self.peft is None:
+                self.peft = PeftModel.from_pretrained(self.base, str(path), adapter_name=name).eval()
+            else:
+                self.peft.load_adapter(str(path), adapter_name=name)
+            self.peft.set_adapter(name)
+            self._adapter = name
+        if old is not None and old != self._adapter:
+            self.peft.delete_adapter(old)
+
+    def _generate(self, **kwargs):
+        if self.peft is None:
+            return self.base.generate(**kwargs)
+        if self._adapter is None:
+            with self.peft.disable_adapter():
+                return self.peft.generate(**kwargs)
+        return self.peft.generate(**kwargs)
+
+    def _batch(self, prompts: list[list[int]], spec: SamplingSpec) -> list[Sample]:
+        torch = self.torch
+        ids, mask = pad(prompts, self.pad_id, torch.long, left=True)
+        width = ids.shape[1]
+        greedy = spec.temperature == 0
+        with torch.no_grad():
+            out = self._generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=spec.max_tokens, do_sample=not greedy,
+                temperature=None if greedy else spec.temperature, top_p=None if greedy else spec.top_p,
+                top_k=None, pad_token_id=self.pad_id, eos_token_id=self.eos_id, output_logits=True,
+                return_dict_in_generate=True, stop_strings=spec.stop or None, tokenizer=self.tokenizer)
+        gen = out.sequences[:, width:]
+        logps = torch.stack([torch.log_softmax(lg.float(), dim=-1) for lg in out.logits], dim=1)  # [B, T, V]
+        samples = []
+        for i in range(len(prompts)):
+            row = gen[i].tolist()
+            keep, text, reason = _truncate_at_stop(self.tokenizer, row, spec.stop, self.eos_id)
+            lp = logps[i, torch.arange(keep), gen[i, :keep]].tolist()
+            samples.append(Sample(row[:keep], text, lp, reason))
+        return samples
+
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Sample]]:
+        flat = [p for p in prompts for _ in range(spec.n)]
+        self.torch.manual_seed(seeds[0] if seeds else 0)
+        results: list[Sample] = []
+        for start in range(0, len(flat), self.batch_size):
+            results += self._batch(flat[start:start + self.batch_size], spec)
+        return [results[i * spec.n:(i + 1) * spec.n] for i in range(len(prompts))]
+
+    def close(self) -> None:
+        pass
+
+
+class VLLMEngine:
+    """Offline vLLM with LoRA; `set_adapter` swaps the policy under a fresh LoRARequest id."""
+
+    name = "vllm"
+
+    def __init__(self, model_path: Path, cfg: EngineConfig, seed: int = 0, enable_lora: bool = True):
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        from vllm import LLM
+
+        kwargs = dict(model=str(model_path), dtype=cfg.dtype, max_model_len=cfg.max_model_len,
+                      gpu_memory_utilization=cfg.memory_share, enforce_eager=cfg.enforce_eager, seed=seed,
+                      max_num_seqs=cfg.max_num_seqs)
+        if enable_lora:
+            kwargs.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=cfg.max_loras)
+        if cfg.enable_sleep_mode:
+            kwargs["enable_sleep_mode"] = True  # GPU only; untested here
+        self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.max_model_len = cfg.max_model_len
+        self._next_id = 1
+        self.lora = None
+
+    def set_adapter(self, path: Path | None) -> None:
+        from vllm.lora.request import LoRARequest
+
+        old = self.lora
+        if path is None:
+            self.lora = None
+        else:
+            self.lora = LoRARequest(f"policy-{self._next_id}", self._next_id, str(path))
+            self._next_id += 1
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+
+    def loaded_adapters(self) -> set[int]:
+        return set(self.llm.llm_engine.list_loras())
+
+    def _params(self, spec: SamplingSpec, seed: int):
+        from vllm import SamplingParams
+
+        return SamplingParams(n=spec.n, temperature=spec.temperature, top_p=spec.top_p if spec.temperature else 1.0,
+                              max_tokens=spec.max_tokens, stop=spec.stop or None, include_stop_str_in_output=True,
+                              logprobs=0, seed=seed, skip_special_tokens=True)
+
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Sample]]:
+        from vllm.inputs import TokensPrompt
+
+        if not prompts:
+            return []
+        params = [self._params(spec, s) for s in seeds]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
+                                 lora_request=self.lora, use_tqdm=False)
+        result = []
+        for out in outs:
+            samples = []
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                ids = list(c.token_ids)
+                lps = [d[t].logprob for d, t in zip(c.logprobs or [], ids)]
+                samples.append(Sample(ids, c.text, lps, "stop" if c.finish_reason == "stop" else "length"))
+            result.append(samples)
+        return result
+
+    def prompt_logprobs(self, ids: list[int], start: int) -> list[float]:
+        """Log-probs of ids[start:] given their prefixes, under the current policy (for checks)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)],
+                                SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0),
+                                lora_request=self.lora, use_tqdm=False)[0]
+        return [out.prompt_logprobs[k][ids[k]].logprob for k in range(start, len(ids))]
+
+    def close(self) -> None:
+        del self.llm
+
+
+ENGINES = {"hf": HFEngine, "vllm": VLLMEngine}
+
+
+def make_engine(name: str, model_path: Path, cfg: EngineConfig, seed: int = 0) -> Engine:
+    if name not in ENGINES:
+        raise KeyError(f"unknown engine '{name}'; valid: {', '.join(sorted(ENGINES))}")
+    return ENGINES[name](model_path, cfg, seed=seed)

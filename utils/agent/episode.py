@@ -1,0 +1,130 @@
+"""Trajectory records and the one function that turns an episode into training sequences.
+
+A `Segment` keeps what the trainer needs to recompute log-probs over exactly the sampled tokens:
+the role, the exact context ids, the generated ids and the sampler's log-probs. An `Episode` is
+one question's segments, in the order they were generated, plus how it ended.
+
+`episode_sequences` is the only place that builds training sequences (`Example`s) from an
+episode, for the RL batch (utils/train/grpo.py) and for SFT traces (utils/agent/traces.py):
+- the planner's whole conversation is one sequence: its last context plus its last turn, with a
+  loss mask that is 1 only on the planner's own generated tokens (the prompt and the injected
+  <result> tokens are never trained);
+- each executor call is its own sequence (its context is decoupled): prompt masked, answer trained.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from utils.agent.protocol import EXECUTOR, PLANNER
+from utils.core.io import read_jsonl, write_jsonl
+
+
+@dataclass
+class Segment:
+    role: str  # "planner" | "executor"
+    turn: int
+    context_ids: list[int]
+    gen_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+    format: float = 0.0
+
+
+@dataclass
+class Example:
+    """One training sequence: token ids and a loss mask of the same length (1 = trained), plus the
+    sampler's log-probs aligned to the ids (0.0 where masked) when it came from a rollout."""
+
+    qid: str
+    role: str
+    ids: list[int]
+    mask: list[int]
+    logprobs: list[float] | None = None
+
+    def to_json(self) -> dict:
+        return {"qid": self.qid, "role": self.role, "ids": self.ids, "mask": self.mask}
+
+
+@dataclass
+class Episode:
+    qid: str
+    question: str
+    golds: list[str]
+    sample: int
+    segments: list[Segment] = field(default_factory=list)
+    status: str | None = None  # None while live
+    final_answer: str | None = None
+    error: str | None = None
+    planner_ids: list[int] = field(default_factory=list)  # the live planner context
+    transcript: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.status is not None
+
+    @property
+    def n_turns(self) -> int:
+        return sum(s.role == PLANNER for s in self.segments)
+
+    @property
+    def n_subtasks(self) -> int:
+        return sum(s.role == EXECUTOR for s in self.segments)
+
+    @property
+    def format_score(self) -> float:
+        """Mean segment format over the episode; 0 unless the episode ended with an answer."""
+        if self.status != "answered" or not self.segments:
+            return 0.0
+        return sum(s.format for s in self.segments) / len(self.segments)
+
+    def n_generated(self, role: str | None = None) -> int:
+        return sum(len(s.gen_ids) for s in self.segments if role in (None, s.role))
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.update(format_score=self.format_score, n_turns=self.n_turns, n_subtasks=self.n_subtasks)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Episode":
+        d = {k: v for k, v in d.items() if k not in ("format_score", "n_turns", "n_subtasks")}
+        d["segments"] = [Segment(**s) for s in d["segments"]]
+        return cls(**d)
+
+
+def _planner_example(ep: Episode) -> Example | None:
+    planner = [s for s in ep.segments if s.role == PLANNER]
+    if not planner:
+        return None
+    last = planner[-1]
+    ids = last.context_ids + last.gen_ids
+    mask, lps = [0] * len(ids), [0.0] * len(ids)
+    for seg in planner:
+        start = len(seg.context_ids)
+        if ids[:start] != seg.context_ids or ids[start:start + len(seg.gen_ids)] != seg.gen_ids:
+            raise ValueError(f"episode {ep.qid}/{ep.sample}: planner contexts are not nested")
+        for k, lp in enumerate(seg.logprobs):
+            mask[start + k], lps[start + k] = 1, lp
+    return Example(ep.qid, PLANNER, ids, mask, lps)
+
+
+def episode_sequences(ep: Episode) -> list[Example]:
+    """The planner conversation, then each executor call with generated tokens, as training sequences."""
+    planner = _planner_example(ep)
+    out = [planner] if planner is not None else []
+    for s in ep.segments:
+        if s.role == EXECUTOR and s.gen_ids:
+            out.append(Example(ep.qid, EXECUTOR, s.context_ids + s.gen_ids,
+                               [0] * len(s.context_ids) + [1] * len(s.gen_ids),
+                               [0.0] * len(s.context_ids) + list(s.logprobs)))
+    return out
+
+
+def dump_episodes(episodes: list[Episode], path: Path) -> None:
+    write_jsonl(path, (e.to_json() for e in episodes))
+
+
+def load_episodes(path: Path) -> list[Episode]:
+    return [Episode.from_json(d) for d in read_jsonl(path)]

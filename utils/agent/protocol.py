@@ -1,0 +1,91 @@
+"""The agent protocol in one place: tags, stop strings, parsing, turn texts and the format score
+(docs/ARCHITECTURE.md, "Protocol").
+
+    planner turn:   <think>…</think><task>subtask</task>      or   <think>…</think><answer>final</answer>
+    executor:       <think>…</think><answer>result</answer>
+    injected:       <result>executor's answer</result>          (the template is model.templates.result)
+
+The engines stop a planner turn at `</task>` or `</answer>` and an executor at `</answer>`. Parsing
+never raises on model output and reads at most `MAX_PARSED_CHARS` characters, so garbage costs
+bounded work. The format score is graduated: repeated or nested tags earn partial, not full,
+credit, so a policy cannot farm format reward by spamming tags (a departure from the seed).
+"""
+from __future__ import annotations
+
+import re
+
+THINK, TASK, ANSWER = "think", "task", "answer"
+PLANNER, EXECUTOR = "planner", "executor"
+ROLE_TAGS = {EXECUTOR: (THINK, (ANSWER,)), PLANNER: (THINK, (TASK, ANSWER))}  # role -> (think tag, action tags)
+PLANNER_STOPS = [f"</{TASK}>", f"</{ANSWER}>"]
+EXECUTOR_STOPS = [f"</{ANSWER}>"]
+MAX_PARSED_CHARS = 20_000  # longer outputs are parsed and scored on their head
+
+
+def wrap(tag: str, content: str) -> str:
+    return f"<{tag}>{content}</{tag}>"
+
+
+def planner_task_turn(think: str, task: str) -> str:
+    return wrap(THINK, think) + wrap(TASK, task)
+
+
+def planner_answer_turn(think: str, answer: str) -> str:
+    return wrap(THINK, think) + wrap(ANSWER, answer)
+
+
+def executor_turn(think: str, answer: str) -> str:
+    return wrap(THINK, think) + wrap(ANSWER, answer)
+
+
+def extract_tag(text: str, tag: str) -> str | None:
+    """Content of the last complete <tag>...</tag> in `text`, stripped; None if there is none."""
+    text = str(text)[:MAX_PARSED_CHARS]
+    found = re.findall(rf"<{tag}>(.*?)</{tag}>", text, flags=re.S)
+    return found[-1].strip() if found else None
+
+
+def last_action(text: str) -> tuple[str | None, str | None]:
+    """(answer, task) of a planner turn: the action tag that closes the turn wins."""
+    ans_end, task_end = text.rfind(f"</{ANSWER}>"), text.rfind(f"</{TASK}>")
+    if ans_end > task_end:
+        return extract_tag(text, ANSWER), None
+    if task_end >= 0:
+        return None, extract_tag(text, TASK)
+    return None, None
+
+
+def _tag_credit(text: str, tag: str) -> float:
+    """1 for exactly one well-formed, non-empty, un-nested pair; 0.5 if present but repeated,
+    nested or empty; 0 if absent or never closed."""
+    opens, closes = text.count(f"<{tag}>"), text.count(f"</{tag}>")
+    pairs = re.findall(rf"<{tag}>(.*?)</{tag}>", text, flags=re.S)
+    if not pairs:
+        return 0.0
+    if opens == closes == 1 and pairs[0].strip() and f"<{tag}>" not in pairs[0]:
+        return 1.0
+    return 0.5
+
+
+def format_score(text: str, role: str) -> tuple[float, dict]:
+    """Graduated format score in [0, 1] for one generated segment of `role`, with its parts.
+
+    Half the credit is for a <think> block, half for the role's action tag: executor <answer>;
+    planner exactly one of <task> or <answer>. Both action tags in one planner turn, or text after
+    the action, earn half credit for the action.
+    """
+    if role not in ROLE_TAGS:
+        raise KeyError(f"unknown role '{role}'; valid: {', '.join(ROLE_TAGS)}")
+    text = str(text)[:MAX_PARSED_CHARS]
+    think_tag, actions = ROLE_TAGS[role]
+    think = _tag_credit(text, think_tag)
+    present = [(c, a) for c, a in ((_tag_credit(text, a), a) for a in actions) if c > 0]
+    if not present:
+        action = 0.0
+    elif len(present) > 1:
+        action = 0.5
+    else:
+        credit, tag = present[0]
+        tail = text[text.rfind(f"</{tag}>") + len(tag) + 3:]
+        action = credit if not tail.strip() else min(credit, 0.5)
+    return 0.5 * think + 0.5 * action, {"think": think, "action": action}

@@ -1,0 +1,163 @@
+"""SFT traces: complete planner/executor episodes in the exact protocol the rollouts use.
+
+A trace is built from a decomposition: a list of (subtask, result) steps and a final answer.
+- `gold`: the synthetic task's own steps (meta.steps).
+- `solution`: a worked solution's lines, e.g. GSM8K's "48/2 = 24" becomes subtask "48/2" with
+  result "24"; lines without a trailing "= number" are skipped.
+
+Turn texts (the same tags everywhere; the contents are what the tiny model can learn):
+    planner, step k:  <think>{remaining expression}</think><task>{subtask}</task>
+    planner, final:   <think>{answer}</think><answer>{answer}</answer>
+    executor:         <think>{subtask}={result}</think><answer>{result}</answer>
+For a question that is not an arithmetic chain, the planner's think is "step k".
+
+A trace is first laid out as the `Episode` a rollout would have produced (exact ids through the
+codec), and then turned into training examples by the same `episode_sequences` the RL trainer
+uses: the planner example is the whole conversation (prompt and injected <result> tokens masked);
+each executor call is its own example (prompt masked), since its context is decoupled.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+
+from utils.agent.episode import Episode, Example, Segment, episode_sequences
+from utils.agent.protocol import (EXECUTOR, PLANNER, TASK, executor_turn, extract_tag, planner_answer_turn,
+                                  planner_task_turn)
+from utils.agent.rollout import Codec
+from utils.core.io import DataError, read_records
+
+
+@dataclass
+class Trace:
+    qid: str
+    question: str
+    planner_turns: list[str]
+    executor_calls: list[tuple[str, str]]  # (subtask, executor text)
+    results: list[str]
+    answer: str
+
+
+def _remaining(question: str, steps: list[tuple[str, str]], k: int) -> str:
+    """The expression left after substituting the first k results (arithmetic chains only)."""
+    expr = question.replace("(", "").replace(")", "")
+    for task, result in steps[:k]:
+        if not expr.startswith(task):
+            return f"step {k + 1}"
+        expr = result + expr[len(task):]
+    return expr
+
+
+def make_trace(qid: str, question: str, steps: list[tuple[str, str]], answer: str) -> Trace:
+    turns, calls = [], []
+    for k, (task, result) in enumerate(steps):
+        turns.append(planner_task_turn(_remaining(question, steps, k), task))
+        calls.append((task, executor_turn(f"{task}={result}", result)))
+    turns.append(planner_answer_turn(answer, answer))
+    return Trace(qid, question, turns, calls, [r for _, r in steps], answer)
+
+
+_SOLUTION_LINE = re.compile(r"([0-9][0-9.,]*\s*[-+*/x×]\s*[0-9.,]+(?:\s*[-+*/x×]\s*[0-9.,]+)*)\s*=\s*\$?\s*([-0-9.,]+)")
+
+
+def steps_from_solution(solution: str) -> list[tuple[str, str]]:
+    """(subtask, result) pairs from worked-solution lines that contain "expr = number"."""
+    steps = []
+    for line in (solution or "").splitlines():
+        m = _SOLUTION_LINE.search(line)
+        if m:
+            steps.append((" ".join(m.group(1).split()), m.group(2).rstrip(".,").replace(",", "")))
+    return steps
+
+
+def trace_from_row(row: dict, source: str) -> Trace | None:
+    """A trace for a prepared row, or None if the source cannot decompose it."""
+    if source == "gold":
+        steps = [(s["task"], str(s["result"])) for s in row.get("meta", {}).get("steps", [])]
+    elif source == "solution":
+        steps = steps_from_solution(row.get("solution") or "")
+    else:
+        raise ValueError(f"unknown trace source '{source}'; valid: gold, solution, teacher")
+    if not steps:
+        return None
+    return make_trace(row["id"], row["question"], steps, row["answers"][0])
+
+
+def episode_from_trace(trace: Trace, codec: Codec, context: str | None = None) -> Episode:
+    """The episode a rollout would record for this trace: planner turns sampled from the growing
+    planner context (prompt, earlier turns, injected results), each subtask from a fresh executor
+    prompt. No sampler log-probs (zeros)."""
+    _, ctx = codec.planner_prompt(trace.question, context)
+    ep = Episode(trace.qid, trace.question, [trace.answer], 0, status="answered", final_answer=trace.answer)
+    for k, turn in enumerate(trace.planner_turns):
+        gen = codec.plain(turn)
+        ep.segments.append(Segment(PLANNER, k, list(ctx), gen, [0.0] * len(gen), turn, "stop"))
+        ctx = ctx + gen
+        if k < len(trace.executor_calls):
+            task, text = trace.executor_calls[k]
+            prompt, out = codec.executor_prompt(task), codec.plain(text)
+            ep.segments.append(Segment(EXECUTOR, k, prompt, out, [0.0] * len(out), text, "stop"))
+        if k < len(trace.results):
+            ctx = ctx + codec.result(trace.results[k])[1]
+    return ep
+
+
+def examples_from_trace(trace: Trace, codec: Codec, context: str | None = None) -> list[Example]:
+    """Per-role training examples with the exact ids a rollout would produce for this episode."""
+    return [Example(e.qid, e.role, e.ids, e.mask) for e in episode_sequences(episode_from_trace(trace, codec, context))]
+
+
+def trace_from_episode(ep: Episode) -> tuple[Trace, list[Example]]:
+    """A teacher episode kept by rejection sampling: its texts, and examples over its exact ids."""
+    planner = [s for s in ep.segments if s.role == PLANNER]
+    execs = [s for s in ep.segments if s.role == EXECUTOR]
+    tasks = [extract_tag(s.text, TASK) or "" for s in planner[:len(execs)]]
+    trace = Trace(ep.qid, ep.question, [s.text for s in planner], list(zip(tasks, [s.text for s in execs])),
+                  [], ep.final_answer or "")
+    return trace, [Example(e.qid, e.role, e.ids, e.mask) for e in episode_sequences(ep)]
+
+
+def trace_record(trace: Trace, examples: list[Example], source: str) -> dict:
+    return {"qid": trace.qid, "question": trace.question, "answer": trace.answer, "source": source,
+            "planner_turns": trace.planner_turns, "executor_calls": [list(c) for c in trace.executor_calls],
+            "examples": [e.to_json() for e in examples]}
+
+
+def read_trace_examples(path, roles=(PLANNER, EXECUTOR)) -> list[Example]:
+    """All training examples of sft_traces.jsonl; errors name the file and row."""
+    out = []
+    for i, rec in read_records(path):
+        try:
+            for e in rec["examples"]:
+                if e["role"] in roles:
+                    if len(e["ids"]) != len(e["mask"]):
+                        raise DataError(path, i, "examples.mask", "mask and ids differ in length")
+                    out.append(Example(rec["qid"], e["role"], e["ids"], e["mask"]))
+        except (KeyError, TypeError) as exc:
+            raise DataError(path, i, None, f"not a trace record ({type(exc).__name__}: {exc})") from None
+    return out
+
+
+def _dist(values: list[int]) -> dict:
+    if not values:
+        return {"count": 0}
+    return {"count": len(values), "mean": round(statistics.fmean(values), 2), "max": max(values), "min": min(values)}
+
+
+def trace_stats(records: list[dict], examples: list[Example], rows_seen: int, accepted: int, sampled: int,
+                source: str) -> dict:
+    by_role = {}
+    for role in (PLANNER, EXECUTOR):
+        ex = [e for e in examples if e.role == role]
+        by_role[role] = {"examples": len(ex), "trained_tokens": _dist([sum(e.mask) for e in ex]),
+                         "total_tokens": _dist([len(e.ids) for e in ex])}
+    return {
+        "source": source, "traces": len(records), "rows_seen": rows_seen,
+        "acceptance_rate": round(accepted / sampled, 4) if sampled else None,
+        "sampled_episodes": sampled, "accepted_episodes": accepted,
+        "turns_per_trace": _dist([len(r["planner_turns"]) for r in records]),
+        "roles": by_role,
+        "examples": [{k: r[k] for k in ("qid", "question", "answer", "planner_turns", "executor_calls")}
+                     for r in records[:3]],
+    }

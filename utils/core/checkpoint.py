@@ -1,0 +1,89 @@
+"""Saved weights and resumable training checkpoints, shared by the SFT and RL loops.
+
+A checkpoint directory holds `weights/` (a peft adapter or a full model), `trainer.pt`
+(optimizer, optional scheduler, torch and python RNG states) and `state.json` (the loop's own
+state and the config hash it belongs to). It is assembled under `<name>.tmp` and renamed into
+place, so a kill mid-save leaves the previous checkpoint intact and never a half-written one.
+`resume_latest` is the one resume rule: restore the newest checkpoint if it was written under the
+same config hash, otherwise clear what an earlier run left and start fresh.
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import torch
+
+from utils.core.manifest import atomic_write_json
+
+
+def save_weights(model, out_dir: Path) -> None:
+    """An adapter (peft) or full-model directory, assembled aside and renamed into place."""
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+
+
+def save_checkpoint(final: Path, model, opt, sched, state: dict, config_sha: str) -> Path:
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp / "weights")
+    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict() if sched is not None else None,
+                "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, tmp / "trainer.pt")
+    atomic_write_json(tmp / "state.json", {**state, "config_sha256": config_sha})
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def is_checkpoint(path: Path) -> bool:
+    return (path / "state.json").is_file() and not path.name.endswith((".tmp", ".old"))
+
+
+def read_state(path: Path) -> tuple[dict, str]:
+    """(loop state, config hash) of a checkpoint."""
+    saved = json.loads((path / "state.json").read_text())
+    return saved, saved.pop("config_sha256")
+
+
+def load_checkpoint(path: Path, model, opt, sched) -> dict:
+    """Restore weights, optimizer, scheduler and RNG states in place; returns the loop state."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    weights = path / "weights"
+    if (weights / "adapter_model.safetensors").is_file():
+        set_peft_model_state_dict(model, load_file(weights / "adapter_model.safetensors"))
+    else:
+        model.load_state_dict(load_file(weights / "model.safetensors"), strict=False)
+    blob = torch.load(path / "trainer.pt", weights_only=False)
+    opt.load_state_dict(blob["optimizer"])
+    if sched is not None:
+        sched.load_state_dict(blob["scheduler"])
+    torch.set_rng_state(blob["torch_rng"])
+    random.setstate(blob["python_rng"])
+    state, _ = read_state(path)
+    return state
+
+
+def resume_latest(checkpoints: list[Path], config_sha: str, model, opt, sched, logger, stale: Path) -> dict | None:
+    """The loop state of the newest checkpoint, restored in place, if it belongs to `config_sha`;
+    else None after removing `stale` (what a killed run or another config left) and emptying the
+    metrics log. A resumed log is cut back to the restored step, since the loop replays the rest."""
+    if not checkpoints or read_state(checkpoints[-1])[1] != config_sha:
+        shutil.rmtree(stale, ignore_errors=True)
+        logger.truncate(0)
+        return None
+    state = load_checkpoint(checkpoints[-1], model, opt, sched)
+    logger.truncate(state["step"])
+    return state

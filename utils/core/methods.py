@@ -1,0 +1,64 @@
+"""The method registry: every training method's one name, the stage that trains it, and the flags
+that define it (docs/ARCHITECTURE.md, "Methods").
+
+A method is a config, not a copy of the trainer: `configs/algorithms/<name>.yaml` sets the flags,
+and the same trainer runs them all. The name is the single spelling used everywhere: the config
+file, the trainer's output folder (`05_train_red_grpo/<name>/`), the evaluation folder
+(`07_evaluate/<name>/`) and the report's rows. Two evaluated checkpoints are not methods: `base`
+(the bare base model) and `sft_warmup` (04's adapter, the start of every method).
+
+`contradictions` refuses a config whose flags say another method than its `method` label, e.g.
+`--algorithm red --set algorithm.sft.enabled=false` (that is grpo, and must not be filed as red).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    trainer: str  # the numbered script that trains it
+    rl: bool  # algorithm.rl.enabled
+    sft: bool  # algorithm.sft.enabled
+    dynamic: bool | None  # RED weighting on (algorithm.red.G > 1) or off (G == 1); None: no SFT term in RL
+    summary: str
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("red", "05_train_red_grpo", True, True, True, "GRPO + SFT term weighted by RED (G > 1)"),
+    Method("grpo", "06_ablate_grpo_only", True, False, None, "GRPO, no SFT term"),
+    Method("fixed_sft", "05_train_red_grpo", True, True, False, "GRPO + constant-weight SFT term (G = 1)"),
+    Method("sft", "05_train_red_grpo", False, True, None, "the SFT term alone, no rollouts"),
+)}
+BASE = "base"  # the bare base model, evaluated by 07
+SFT_WARMUP = "sft_warmup"  # 04's adapter, evaluated by 07
+CHECKPOINTS = (*METHODS, SFT_WARMUP, BASE)  # what 07 --checkpoint accepts by name, in report order
+
+
+def contradictions(alg) -> list[str]:
+    """What in an AlgorithmConfig contradicts its `method` label (empty: consistent)."""
+    m = METHODS.get(alg.method)
+    if m is None:
+        return [f"unknown method '{alg.method}'"]
+    out = []
+    if alg.rl.enabled != m.rl:
+        out.append(f"algorithm.rl.enabled={str(alg.rl.enabled).lower()} (method '{m.name}' has it "
+                   f"{str(m.rl).lower()})")
+    if alg.sft.enabled != m.sft:
+        out.append(f"algorithm.sft.enabled={str(alg.sft.enabled).lower()} (method '{m.name}' has it "
+                   f"{str(m.sft).lower()})")
+    if m.dynamic is True and alg.red.G <= 1:
+        out.append(f"algorithm.red.G={alg.red.G} (method 'red' needs G > 1; G = 1 is fixed_sft)")
+    if m.dynamic is False and alg.red.G != 1:
+        out.append(f"algorithm.red.G={alg.red.G} (method 'fixed_sft' needs G = 1; G > 1 is red)")
+    return out
+
+
+def implied_method(alg) -> str | None:
+    """The registered method whose flags the config has, if any."""
+    for m in METHODS.values():
+        if alg.rl.enabled == m.rl and alg.sft.enabled == m.sft and (
+                m.dynamic is None or (m.dynamic == (alg.red.G > 1))):
+            return m.name
+    return None

@@ -1,0 +1,230 @@
+"""The run config's schema: model, algorithm and data tiers, plus run-level fields.
+
+Each field's `help` is what `--help-config` prints. Stages add fields here, never constants in
+their scripts. Fields with a fixed set of values list them (`choices`), so a typo fails when the
+config is parsed, naming the valid values, not at RL step 1. `load_run_config` assembles the
+tiers and the overrides, and refuses a method label that its flags contradict (utils/core/methods.py).
+The registries that the choices mirror (engines, losses, scorers, adapters) live in higher layers;
+tests/test_config.py checks that the two lists agree.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from utils.core.config import (ROOT, ConfigError, apply_overrides, deep_merge, field, from_dict, read_yaml,
+                               tier_path)
+from utils.core.methods import METHODS, contradictions, implied_method
+
+DTYPES = ("float32", "bfloat16", "float16")
+ENGINE_NAMES = ("vllm", "hf")  # utils/agent/engines.py ENGINES
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")  # utils/train/losses.py
+ADV_SCALINGS = ("group", "batch", "none")  # utils/train/losses.py ADVANTAGES
+SCORER_NAMES = ("em", "f1", "cem", "numeric")  # utils/reward/scorers.py SCORERS
+ADAPTER_NAMES = ("synthetic_arith", "gsm8k", "finqa", "hotpotqa")  # utils/data/adapters.py ADAPTERS
+
+
+@dataclass
+class LoraConfig:
+    rank: int = field(8, "LoRA rank r.")
+    alpha: int = field(16, "LoRA alpha (scaling = alpha / rank).")
+    dropout: float = field(0.0, "LoRA dropout.")
+    target_modules: list[str] = field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                      "Module names that get LoRA adapters.")
+    full_finetune: bool = field(False, "Train all weights instead of LoRA adapters.")
+
+
+@dataclass
+class EngineConfig:
+    name: str = field("vllm", "Sampling engine.", ENGINE_NAMES)
+    dtype: str = field("float32", "Engine dtype. fp32 makes vLLM and the trainer agree to ~1e-6 on CPU.", DTYPES)
+    max_model_len: int = field(512, "Longest context (prompt + generation) the engine accepts.")
+    memory_share: float = field(0.3, "vLLM gpu_memory_utilization: on CPU the share of RAM for the KV cache "
+                                     "(0.92 fails to start on a 24 GiB box; 0.3 works).")
+    max_lora_rank: int = field(16, "Largest LoRA rank the vLLM engine must serve.")
+    max_loras: int = field(2, "LoRA adapters vLLM keeps loaded at once (old and new policy).")
+    max_num_seqs: int = field(256, "Sequences vLLM batches at once.")
+    enable_sleep_mode: bool = field(False, "GPU only: let vLLM free its memory while the trainer runs. Untested here.")
+    enforce_eager: bool = field(True, "Skip CUDA graph capture (no effect on CPU).")
+    hf_batch_size: int = field(64, "hf engine: prompts per generate() call (bounds its padded batch memory).")
+
+
+@dataclass
+class TemplatesConfig:
+    planner: str = field("plan: {question}\n", "Planner prompt; {question} is replaced.")
+    executor: str = field("solve: {task}\n", "Executor prompt; {task} is replaced by the subtask.")
+    result: str = field("<result>{result}</result>\n", "Text injected into the planner context after a subtask.")
+    use_chat_template: bool = field(False, "Wrap prompts with the tokenizer's chat template (real chat models).")
+
+
+@dataclass
+class ModelConfig:
+    name: str = field("tiny-arith", "Short name, used in output paths and reports.")
+    path: str = field("artifacts/tiny-arith", "Local directory (relative to the repo) or hub id of the base model.")
+    dtype: str = field("float32", "Trainer dtype.", DTYPES)
+    max_new_tokens_planner: int = field(48, "Generation budget per planner turn.")
+    max_new_tokens_executor: int = field(48, "Generation budget per executor call.")
+    lora: LoraConfig = field(LoraConfig(), "LoRA settings.")
+    engine: EngineConfig = field(EngineConfig(), "Sampling-engine settings.")
+    templates: TemplatesConfig = field(TemplatesConfig(), "Prompt templates; the tag protocol is the same everywhere.")
+
+
+@dataclass
+class SftConfig:
+    enabled: bool = field(True, "Add the SFT cross-entropy term to the RL loss.")
+    loss_coef: float = field(0.1, "alpha: base weight of the SFT term.")
+    batch_size: int = field(16, "SFT examples per optimizer step.")
+
+
+@dataclass
+class RedConfig:
+    G: float = field(5.0, "Upper bound of the entropy weight and base of the accuracy factor; G=1 disables RED.")
+    sft_entropy_ema_decay: float = field(0.99, "EMA decay of the SFT entropy.")
+    rl_entropy_ema_decay: float = field(0.99, "EMA decay of the RL entropy.")
+    accuracy_aware_policy_shift: bool = field(True, "RED Part 2: multiply by G^(1-2*acc).")
+    weight_min: float = field(0.0, "Lower clamp of the final SFT weight.")
+    weight_max: float = field(25.0, "Upper clamp of the final SFT weight (G^2 for G=5).")
+
+
+@dataclass
+class RlConfig:
+    enabled: bool = field(True, "Run GRPO; false gives SFT only.")
+    steps: int = field(30, "Optimizer steps.")
+    questions_per_step: int = field(8, "Questions per rollout batch.")
+    n_samples: int = field(4, "Samples per question (GRPO group size).")
+    max_turns: int = field(4, "Planner turns before the episode is forced to end.")
+    temperature: float = field(1.0, "Rollout sampling temperature.")
+    lr: float = field(5e-4, "Learning rate.")
+    clip_low: float = field(0.2, "PPO clip below 1.")
+    clip_high: float = field(0.28, "PPO clip above 1 (clip-higher, as in DAPO).")
+    loss_agg: str = field("token-mean", "How per-token losses are averaged.", LOSS_AGGS)
+    adv_scaling: str = field("group", "Advantage std scaling (none = Dr. GRPO).", ADV_SCALINGS)
+    kl_coef: float = field(0.0, "k3 KL coefficient to the adapter-disabled base.")
+    entropy_coef: float = field(0.0, "beta: entropy bonus.")
+    ppo_epochs: int = field(1, "Optimizer passes per rollout batch.")
+    weight_decay: float = field(0.0, "AdamW weight decay of the RL optimizer.")
+    max_grad_norm: float = field(1.0, "Gradient-norm clip of each RL optimizer step.")
+    save_freq: int = field(10, "Checkpoint every N steps.")
+    keep_last: int = field(2, "Checkpoints kept.")
+    dump_freq: int = field(10, "Dump episodes every N steps.")
+
+
+@dataclass
+class AlgorithmConfig:
+    method: str = field("red", "The method's name; its flags below must agree with it.", tuple(METHODS))
+    rl: RlConfig = field(RlConfig(), "GRPO settings.")
+    sft: SftConfig = field(SftConfig(), "SFT co-training settings.")
+    red: RedConfig = field(RedConfig(), "RED weighting settings.")
+
+
+@dataclass
+class DataConfig:
+    name: str = field("synthetic_arith", "Dataset adapter name.", ADAPTER_NAMES)
+    path: str = field("data/synthetic_arith", "Local directory of the dataset's native files.")
+    scorer: str = field("numeric", "Answer scorer.", SCORER_NAMES)
+    seed: int = field(1234, "Seed of the synthetic generator; fixed apart from the run seed, so every "
+                            "run and seed is scored on the same test items (synthetic only).")
+    n_train: int = field(2000, "Synthetic: questions to generate. Real data: cap on train rows (0 = all).")
+    n_val: int = field(100, "Synthetic: questions to generate. Real data: cap, or rows carved from train "
+                            "when the source has no val split.")
+    n_test: int = field(200, "Synthetic: questions to generate. Real data: cap, or rows carved when the "
+                             "source has no test split.")
+    on_leakage: str = field("drop_from_train", "A val/test question also in train.", ("drop_from_train", "warn", "error"))
+    min_steps: int = field(2, "Fewest subtasks per problem (synthetic only).")
+    max_steps: int = field(3, "Most subtasks per problem (synthetic only).")
+    ops: list[str] = field(["+", "-"], "Operators (synthetic only).")
+    operand_max: int = field(50, "Largest operand (synthetic only).")
+    value_max: int = field(99, "Largest running value (synthetic only).")
+
+
+@dataclass
+class TracesConfig:
+    source: str = field("gold", "SFT trace source: gold (the task's decomposition), solution (worked solution "
+                                "lines) or teacher (rejection-sampled episodes of a teacher model).",
+                        ("gold", "solution", "teacher"))
+    max_traces: int = field(0, "Cap on traces written (0 = one per usable training row).")
+    teacher_path: str = field("", "teacher source: base model directory (empty = model.path).")
+    teacher_adapter: str = field("", "teacher source: optional LoRA adapter directory for the teacher.")
+    teacher_samples: int = field(4, "teacher source: episodes sampled per question.")
+    teacher_temperature: float = field(0.7, "teacher source: sampling temperature.")
+    teacher_batch: int = field(32, "teacher source: questions rolled out per engine batch.")
+
+
+@dataclass
+class WarmupConfig:
+    steps: int = field(300, "SFT optimizer steps.")
+    lr: float = field(5e-3, "Peak learning rate (linear warmup, then cosine decay to final_lr_ratio * lr).")
+    final_lr_ratio: float = field(1.0, "LR at the last step as a share of the peak; 1 keeps it constant after "
+                                       "warmup (measured: the default task needs it, see README).")
+    warmup_steps: int = field(30, "Linear warmup steps.")
+    batch_size: int = field(32, "Examples per step (planner and executor examples mixed).")
+    weight_decay: float = field(0.0, "AdamW weight decay.")
+    max_grad_norm: float = field(1.0, "Gradient-norm clip of each SFT step.")
+    eval_every: int = field(100, "Validate (greedy rollouts on val) every N steps; 0 = only at the end.")
+    eval_size: int = field(100, "Validation questions per evaluation (0 = all).")
+    save_every: int = field(100, "Write the resumable checkpoint every N steps.")
+
+
+@dataclass
+class JudgeConfig:
+    enabled: bool = field(False, "Score answers with an LLM judge behind an OpenAI-compatible endpoint.")
+    base_url: str = field("http://127.0.0.1:8000/v1", "Endpoint base URL, e.g. a `vllm serve` judge.")
+    model: str = field("judge", "Model name the endpoint serves.")
+    timeout: float = field(30.0, "Seconds per request.")
+    api_key_env: str = field("OPENAI_API_KEY", "Environment variable holding the API key, if any.")
+
+
+@dataclass
+class RewardConfig:
+    answer_scale: float = field(6.0, "Composite: answer_scale*score + answer_shift + format_weight*format.")
+    answer_shift: float = field(-3.0, "Composite shift (seed default -3).")
+    format_weight: float = field(0.1, "Weight of the graduated format score (seed default 0.1).")
+    efficiency_weight: float = field(0.0, "Penalty per unit of token overrun past efficiency_budget (0 = off).")
+    efficiency_budget: int = field(256, "Generated tokens per episode before the efficiency penalty starts.")
+    numeric_rel_tol: float = field(1e-4, "Relative tolerance of the numeric scorer.")
+    judge: JudgeConfig = field(JudgeConfig(), "Optional LLM judge (replaces the scorer when enabled).")
+
+
+@dataclass
+class RunConfig:
+    run_id: str = field("run_001", "Outputs go to outputs/<run_id>/.")
+    seed: int = field(1, "Seed for every random choice in the run.")
+    outputs_dir: str = field("outputs", "Root of all run outputs (relative to the repo).")
+    threads: int = field(0, "torch CPU threads; 0 keeps torch's default.")
+    wandb_mode: str = field("auto", "auto is offline unless WANDB_API_KEY is set.",
+                            ("auto", "online", "offline", "disabled"))
+    model: ModelConfig = field(ModelConfig(), "Model tier (configs/models/).")
+    algorithm: AlgorithmConfig = field(AlgorithmConfig(), "Algorithm tier (configs/algorithms/).")
+    data: DataConfig = field(DataConfig(), "Data tier (configs/data/).")
+    reward: RewardConfig = field(RewardConfig(), "Reward spec written by 02_build_rewards.")
+    traces: TracesConfig = field(TracesConfig(), "SFT traces written by 03_generate_sft_traces.")
+    warmup: WarmupConfig = field(WarmupConfig(), "LoRA SFT warmup run by 04_sft_warmup.")
+
+
+def load_run_config(model: str = "tiny-arith", algorithm: str = "red", data: str = "synthetic_arith",
+                    overrides: list[str] | None = None, run: str | None = None) -> RunConfig:
+    """Assemble the tiers, then the optional run-level YAML, then the overrides."""
+    tree: dict = {}
+    for key, tier, name in (("model", "models", model), ("algorithm", "algorithms", algorithm),
+                            ("data", "data", data)):
+        path = tier_path(tier, name)
+        tree[key] = read_yaml(path)
+        from_dict(type(getattr(RunConfig(), key)), tree[key], str(path))  # fail early, naming the file
+    if run:
+        run_tree = read_yaml(Path(run))
+        from_dict(RunConfig, run_tree, run)
+        tree = deep_merge(tree, run_tree)
+    apply_overrides(tree, overrides or [], RunConfig)
+    cfg = from_dict(RunConfig, tree, "config")
+    problems = contradictions(cfg.algorithm)
+    if problems:
+        other = implied_method(cfg.algorithm)
+        hint = f"; these flags are method '{other}': use --algorithm {other}" if other else ""
+        raise ConfigError(f"algorithm.method '{cfg.algorithm.method}' contradicts {'; '.join(problems)}{hint}")
+    return cfg
+
+
+def repo_path(p: str) -> Path:
+    """Resolve a config path relative to the repo root (absolute paths pass through)."""
+    path = Path(p)
+    return path if path.is_absolute() else ROOT / path

@@ -1,0 +1,111 @@
+"""What every numbered stage shares: its name, the config keys it reads, its directory, its parents
+and its exit codes.
+
+A stage's manifest hashes only the config keys the stage reads (`CONFIG_KEYS`, through
+`config_slice`), so changing one value re-runs exactly the stages downstream of it (the `dvc repro`
+behaviour, docs/ARCHITECTURE.md "Stages"). The table lives here, below the scripts, so the driver
+can compute a stage's hash without importing the script. `run_main` turns user-facing errors into
+one clear line on stderr and exit code 1.
+"""
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from utils.core.config import ConfigError, to_dict
+from utils.core.io import DataError
+from utils.core.manifest import MANIFEST_NAME, StageRun
+from utils.core.schema import RunConfig, repo_path
+
+_MODEL_ROLLOUT = ("model", "algorithm.rl.max_turns", "seed")
+# stage -> the config keys it reads (08's settings are the evaluations it finds: utils/eval/compare.py)
+CONFIG_KEYS: dict[str, tuple[str, ...]] = {
+    "00_check_data": ("data",),
+    "01_prepare_dataset": ("data", "model.templates", "model.path"),
+    "02_build_rewards": ("data.scorer", "reward"),
+    "03_generate_sft_traces": ("traces", "model.path", "model.templates", "model.engine",
+                               "model.max_new_tokens_planner", "model.max_new_tokens_executor",
+                               "algorithm.rl.max_turns", "seed"),
+    "04_sft_warmup": ("model", "warmup", "algorithm.rl.max_turns", "seed", "threads"),
+    "05_train_red_grpo": ("model", "algorithm", "seed", "threads"),
+    "06_ablate_grpo_only": ("model", "algorithm", "seed", "threads"),
+    "07_evaluate": _MODEL_ROLLOUT,
+}
+STAGES = (*CONFIG_KEYS, "08_compare_runs")
+
+
+class StageError(RuntimeError):
+    """A failure the user can act on; printed without a traceback."""
+
+
+def run_dir(cfg: RunConfig) -> Path:
+    return repo_path(cfg.outputs_dir) / cfg.run_id
+
+
+def stage_dir(cfg: RunConfig, stage: str) -> Path:
+    return run_dir(cfg) / stage
+
+
+def config_slice(cfg: RunConfig, keys: tuple[str, ...]) -> dict:
+    """The resolved config restricted to dotted `keys` (e.g. "data", "model.templates")."""
+    full, out = to_dict(cfg), {}
+    for key in keys:
+        src, dst = full, out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            src = src[part]
+            dst = dst.setdefault(part, {})
+        dst[parts[-1]] = src[parts[-1]]
+    return out
+
+
+def parent(run: StageRun, cfg: RunConfig, stage: str) -> tuple[Path, dict]:
+    """The parent stage's directory and manifest, recorded in `run`; clear error if it has not run."""
+    d = stage_dir(cfg, stage)
+    if not (d / MANIFEST_NAME).is_file():
+        raise StageError(f"{d / MANIFEST_NAME} not found: run {stage}.py (or 09_driver.py) for run "
+                         f"'{cfg.run_id}' first")
+    try:
+        return d, run.add_parent(d)
+    except RuntimeError as exc:
+        raise StageError(str(exc)) from None
+
+
+def output_path(manifest: dict, suffix: str) -> Path:
+    """The parent output whose repo-relative path ends with `suffix` (found via the manifest)."""
+    hits = [p for p in manifest["outputs"] if p.endswith(suffix)]
+    if len(hits) != 1:
+        raise StageError(f"manifest of {manifest['stage']} lists {len(hits)} outputs ending in '{suffix}', expected 1")
+    return repo_path(hits[0])
+
+
+def model_dir(cfg: RunConfig, path: str | None = None) -> Path:
+    """The local directory of the base model (model.path); a clear error if it is not there."""
+    p = repo_path(path or cfg.model.path)
+    if not (p / "config.json").is_file():
+        hint = ("run `bash download.sh` to check or rebuild the embedded tiny-arith" if "tiny-arith" in str(p)
+                else "run `bash download.sh --model HUB_ID` or copy the model there")
+        raise StageError(f"model.path: no model at {p} (no config.json); {hint}")
+    return p
+
+
+def stage_config(cfg: RunConfig, stage: str) -> dict:
+    """The slice of the config that `stage` reads: what its manifest records and hashes."""
+    return config_slice(cfg, CONFIG_KEYS[stage])
+
+
+def run_main(stage: str, fn: Callable[[], int | None]) -> int:
+    """Run a stage's main; user errors become one line on stderr and exit code 1."""
+    try:
+        return fn() or 0
+    except (StageError, ConfigError, DataError, FileNotFoundError) as exc:
+        print(f"{stage}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{stage}: interrupted; its manifest says 'failed'", file=sys.stderr)
+        return 130
+    except Exception:  # noqa: BLE001 - unexpected: keep the traceback
+        traceback.print_exc()
+        return 1

@@ -1,0 +1,151 @@
+"""Dataset adapters: each maps one source's native rows to the unified schema.
+
+Unified row (`Row`): id, question, answers (list of str), context (str | None), solution (str | None),
+meta (dict). Adapters are registered by name (`ADAPTERS`); an unknown name lists the valid ones.
+
+Every read error names the file, the 1-based row (line for JSONL, element for a JSON array) and
+the field, with what was expected and what was found (`DataError`). Native formats:
+- synthetic_arith: JSONL {id, question, answer: int, steps: [{task, result}]} (utils/data/synthetic.py);
+- gsm8k: JSONL {question, answer: "worked solution ... #### 72"}; ids are <split>-<row>;
+- finqa: the FinQA release's JSON array {id, pre_text, post_text, table, qa: {question, answer|exe_ans}}
+  (JSONL with the same objects is accepted too);
+- hotpotqa: a JSON array (the original release: context = [[title, [sentences]]]) or JSONL
+  (the hub's form: context = {title: [...], sentences: [[...]]}), {_id|id, question, answer}.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from utils.core.io import DataError, read_records, require, type_name
+
+SPLIT_FILES = {"train": ("train",), "val": ("val", "dev", "validation"), "test": ("test",)}
+SPLITS = tuple(SPLIT_FILES)
+
+
+@dataclass
+class Row:
+    id: str
+    question: str
+    answers: list[str]
+    context: str | None = None
+    solution: str | None = None
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def split_file(root: Path, split: str) -> Path | None:
+    """The native file of `split` under `root` (.jsonl or .json, under any of its usual names)."""
+    for stem in SPLIT_FILES[split]:
+        for suffix in (".jsonl", ".json"):
+            if (root / f"{stem}{suffix}").is_file():
+                return root / f"{stem}{suffix}"
+    return None
+
+
+# ---------------------------------------------------------------- adapters
+
+def _synthetic(path: Path, row: int, obj: dict, split: str) -> Row:
+    rid = require(obj, "id", str, path, row)
+    question = require(obj, "question", str, path, row)
+    answer = require(obj, "answer", int, path, row)
+    steps = require(obj, "steps", list, path, row)
+    for j, step in enumerate(steps):
+        require(step, "task", str, path, row, f"steps[{j}].")
+        require(step, "result", int, path, row, f"steps[{j}].")
+    solution = "\n".join(f"{s['task']}={s['result']}" for s in steps)
+    return Row(rid, question, [str(answer)], None, solution, {"steps": steps, "n_steps": len(steps)})
+
+
+_GSM_CALC = re.compile(r"<<[^>]*>>")
+
+
+def _gsm8k(path: Path, row: int, obj: dict, split: str) -> Row:
+    question = require(obj, "question", str, path, row)
+    answer = require(obj, "answer", str, path, row)
+    if "####" not in answer:
+        raise DataError(path, row, "answer", "expected a worked solution ending in '#### <number>', found no '####'")
+    body, final = answer.rsplit("####", 1)
+    lines = [_GSM_CALC.sub("", ln).strip() for ln in body.strip().splitlines() if ln.strip()]
+    rid = str(obj.get("id", f"{split}-{row:05d}"))
+    return Row(rid, question, [final.strip().replace(",", "")], None, "\n".join(lines),
+               {"solution_steps": lines})
+
+
+def _finqa(path: Path, row: int, obj: dict, split: str) -> Row:
+    rid = require(obj, "id", str, path, row)
+    qa = require(obj, "qa", dict, path, row)
+    question = require(qa, "question", str, path, row, "qa.")
+    if "exe_ans" in qa:
+        ans = require(qa, "exe_ans", (int, float, str), path, row, "qa.")
+    else:
+        ans = require(qa, "answer", (int, float, str), path, row, "qa.")
+    pre = require(obj, "pre_text", list, path, row)
+    post = require(obj, "post_text", list, path, row)
+    table = require(obj, "table", list, path, row)
+    table_text = "\n".join(" | ".join(str(c) for c in r) if isinstance(r, list) else str(r) for r in table)
+    context = "\n".join([*map(str, pre), table_text, *map(str, post)]).strip()
+    answers = [str(ans)] + ([str(qa["answer"])] if "exe_ans" in qa and qa.get("answer") not in (None, "") else [])
+    return Row(rid, question, answers, context, qa.get("program") if isinstance(qa.get("program"), str) else None,
+               {"program": qa.get("program")})
+
+
+def _hotpot_context(ctx: Any, path: Path, row: int) -> str:
+    if isinstance(ctx, dict):  # hub form
+        titles = ctx.get("title", [])
+        sents = ctx.get("sentences", [])
+        if not isinstance(titles, list) or not isinstance(sents, list):
+            raise DataError(path, row, "context", "expected {title: [...], sentences: [[...]]}")
+        pairs = list(zip(titles, sents))
+    elif isinstance(ctx, list):  # original release
+        pairs = []
+        for j, item in enumerate(ctx):
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], list)):
+                raise DataError(path, row, f"context[{j}]", "expected [title, [sentences]]")
+            pairs.append((item[0], item[1]))
+    else:
+        raise DataError(path, row, "context", f"expected a list or an object, got {type_name(ctx)}")
+    return "\n".join(f"{title}: {''.join(map(str, s))}" for title, s in pairs)
+
+
+def _hotpotqa(path: Path, row: int, obj: dict, split: str) -> Row:
+    key = "_id" if "_id" in obj else "id"
+    rid = require(obj, key, str, path, row)
+    question = require(obj, "question", str, path, row)
+    answer = require(obj, "answer", str, path, row)
+    context = _hotpot_context(obj["context"], path, row) if "context" in obj else None
+    return Row(rid, question, [answer], context, None,
+               {"type": obj.get("type"), "level": obj.get("level")})
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    parse: Callable[[Path, int, dict, str], Row]
+
+
+ADAPTERS: dict[str, Adapter] = {a.name: a for a in (
+    Adapter("synthetic_arith", _synthetic),
+    Adapter("gsm8k", _gsm8k),
+    Adapter("finqa", _finqa),
+    Adapter("hotpotqa", _hotpotqa),
+)}
+
+
+def get_adapter(name: str) -> Adapter:
+    if name not in ADAPTERS:
+        raise KeyError(f"unknown dataset adapter '{name}'; valid: {', '.join(sorted(ADAPTERS))}")
+    return ADAPTERS[name]
+
+
+def load_split(name: str, root: Path, split: str) -> tuple[Path, list[tuple[int, Row]]] | None:
+    """(file, [(row number, Row)]) for one split, or None if the source has no file for it."""
+    path = split_file(root, split)
+    if path is None:
+        return None
+    adapter = get_adapter(name)
+    return path, [(i, adapter.parse(path, i, obj, split)) for i, obj in read_records(path)]

@@ -1,0 +1,75 @@
+"""Split preparation behind `01_prepare_dataset.py`: carve missing splits, handle leakage, cap sizes.
+
+Everything is deterministic from `data.seed` (not the run seed, so every seed of a comparison is
+scored on the same test items). The order of operations:
+1. a missing test split is carved from val if there is one, else from train; a missing val split
+   is carved from train (`n_test`/`n_val` rows);
+2. leakage (`data.on_leakage`): drop_from_train removes train rows whose question is in val or
+   test, and val rows whose question is in test; warn keeps them; error stops;
+3. caps: `n_train`/`n_val`/`n_test` > 0 keep a seeded subsample of that many rows, in file order.
+"""
+from __future__ import annotations
+
+import random
+
+from utils.data.adapters import Row
+from utils.data.checks import normalize_question
+from utils.core.schema import DataConfig
+
+
+class PrepareError(ValueError):
+    pass
+
+
+def _carve(rows: list[Row], n: int, rng: random.Random, what: str) -> tuple[list[Row], list[Row]]:
+    if n <= 0:
+        raise PrepareError(f"the source has no {what} split and data.n_{what} is {n}; set it > 0 to carve one")
+    if n >= len(rows):
+        raise PrepareError(f"cannot carve {n} {what} rows from {len(rows)}; lower data.n_{what}")
+    picked = set(rng.sample(range(len(rows)), n))
+    return [r for i, r in enumerate(rows) if i not in picked], [r for i, r in enumerate(rows) if i in picked]
+
+
+def _drop_leaks(rows: list[Row], held: list[Row]) -> tuple[list[Row], int]:
+    banned = {normalize_question(r.question) for r in held}
+    kept = [r for r in rows if normalize_question(r.question) not in banned]
+    return kept, len(rows) - len(kept)
+
+
+def _cap(rows: list[Row], n: int, rng: random.Random) -> list[Row]:
+    if n <= 0 or len(rows) <= n:
+        return rows
+    keep = set(rng.sample(range(len(rows)), n))
+    return [r for i, r in enumerate(rows) if i in keep]
+
+
+def prepare_splits(raw: dict[str, list[Row]], cfg: DataConfig) -> tuple[dict[str, list[Row]], dict]:
+    """Returns the final splits and stats about what was carved, dropped and capped."""
+    rng = random.Random(cfg.seed)
+    splits = {k: list(v) for k, v in raw.items()}
+    stats: dict = {"carved": {}, "dropped_leaked": {}, "capped": {}}
+    if "train" not in splits:
+        raise PrepareError("the source has no train split")
+    if "test" not in splits:
+        src = "val" if "val" in splits else "train"
+        splits[src], splits["test"] = _carve(splits[src], cfg.n_test, rng, "test")
+        stats["carved"]["test"] = f"{len(splits['test'])} rows from {src}"
+    if "val" not in splits:
+        splits["train"], splits["val"] = _carve(splits["train"], cfg.n_val, rng, "val")
+        stats["carved"]["val"] = f"{len(splits['val'])} rows from train"
+    if cfg.on_leakage not in ("drop_from_train", "warn", "error"):
+        raise PrepareError(f"data.on_leakage: expected drop_from_train | warn | error, got '{cfg.on_leakage}'")
+    for src, held in (("train", ["val", "test"]), ("val", ["test"])):
+        kept, dropped = _drop_leaks(splits[src], [r for h in held for r in splits[h]])
+        if dropped and cfg.on_leakage == "error":
+            raise PrepareError(f"{dropped} {src} question(s) also appear in {'/'.join(held)} "
+                               f"(data.on_leakage=error; see 00_check_data's summary.json)")
+        if cfg.on_leakage == "drop_from_train":
+            splits[src] = kept
+            stats["dropped_leaked"][src] = dropped
+    for split, n in (("train", cfg.n_train), ("val", cfg.n_val), ("test", cfg.n_test)):
+        before = len(splits[split])
+        splits[split] = _cap(splits[split], n, rng)
+        if len(splits[split]) < before:
+            stats["capped"][split] = f"{before} -> {len(splits[split])}"
+    return splits, stats

@@ -1,0 +1,66 @@
+"""Writes the `synthetic_arith` dataset's native files: train/val/test JSONL with gold decompositions.
+
+Native row: {"id", "question", "answer", "steps": [{"task": "12+7", "result": 19}, ...]}.
+Splits are disjoint: every question text is unique across the whole dataset. Only questions
+reserved by `arith.is_task_question` are drawn, so none is in the base model's pretraining text. Generation is
+deterministic from the data config (seed and difficulty knobs), and the files are written into a
+temporary directory that is renamed into place, so a half-written dataset is never visible.
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+from utils.data.adapters import SPLITS
+from utils.data.arith import is_task_question, make_problem
+from utils.core.manifest import atomic_write_json, config_sha256, path_sha256
+from utils.core.schema import DataConfig
+
+
+
+def generate_rows(cfg: DataConfig) -> dict[str, list[dict]]:
+    sizes = {"train": cfg.n_train, "val": cfg.n_val, "test": cfg.n_test}
+    if cfg.min_steps > cfg.max_steps:
+        raise ValueError(f"data.min_steps ({cfg.min_steps}) > data.max_steps ({cfg.max_steps})")
+    rng, seen = random.Random(cfg.seed), set()
+    out: dict[str, list[dict]] = {}
+    budget = 50 * sum(sizes.values()) + 1000  # the knobs may allow too few distinct problems
+    for split in SPLITS:
+        rows = []
+        while len(rows) < sizes[split]:
+            budget -= 1
+            if budget < 0:
+                raise ValueError(f"cannot draw {sum(sizes.values())} distinct problems with operand_max="
+                                 f"{cfg.operand_max}, steps {cfg.min_steps}-{cfg.max_steps}; raise the knobs")
+            p = make_problem(rng, rng.randint(cfg.min_steps, cfg.max_steps), tuple(cfg.ops),
+                             cfg.operand_max, cfg.value_max)
+            if p.question in seen or not is_task_question(p.question):
+                continue  # the other half of all chains is the base model's pretraining text
+            seen.add(p.question)
+            rows.append({"id": f"{split}-{len(rows):05d}", "question": p.question, "answer": p.answer,
+                         "steps": [{"task": t, "result": r} for t, r in p.steps]})
+        out[split] = rows
+    return out
+
+
+def write_dataset(cfg: DataConfig, out_dir: Path) -> dict:
+    """Generate and write the splits plus a manifest; returns the manifest."""
+    from utils.core.config import to_dict
+
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    rows = generate_rows(cfg)
+    for split, items in rows.items():
+        (tmp / f"{split}.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in items))
+    manifest = {"stage": "make_synthetic", "status": "completed", "config": to_dict(cfg),
+                "config_sha256": config_sha256(to_dict(cfg)),
+                "counts": {s: len(r) for s, r in rows.items()},
+                "files": {f"{s}.jsonl": path_sha256(tmp / f"{s}.jsonl") for s in rows}}
+    atomic_write_json(tmp / "manifest.json", manifest)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    return manifest

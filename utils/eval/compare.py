@@ -1,0 +1,221 @@
+"""Collecting evaluated runs and comparing them (the logic behind `08_compare_runs.py`).
+
+An *evaluation* is one `07_evaluate/<checkpoint>/` directory: its metrics.json, its per-item
+scores (samples/predictions.jsonl) and its manifest. Evaluations are grouped by *run* (the run
+directory, with a trailing `seed_<s>` folded into the seed) and *method*. The trainer's
+metrics.jsonl of each method gives the training curves.
+
+Methods are named by the registry (utils/core/methods.py): an evaluation's method is its
+checkpoint name. The paired bootstrap (utils/eval/stats.py) pairs test items keyed by seed and
+item id, so seeds pair with themselves.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from utils.core.io import DataError, read_records
+from utils.core.manifest import MANIFEST_NAME, read_manifest, rel
+from utils.core.methods import CHECKPOINTS, METHODS
+from utils.core.schema import RunConfig, repo_path
+from utils.core.stages import StageError, run_dir
+
+TRAINER_DIRS = tuple(sorted({m.trainer for m in METHODS.values()}))
+DEFAULT_RESAMPLES = 10000  # paired-bootstrap resamples of 08's report
+SUMMARY_FIELDS = ("run", "seed", "method", "checkpoint", "n", "accuracy", "ci95_low", "ci95_high", "format",
+                  "answered", "reward", "turns", "subtasks", "tokens_planner", "tokens_executor", "source")
+PHASES = ("time/rollout", "time/scoring", "time/logprobs", "time/update", "time/weight_sync")
+
+
+class CompareError(StageError):
+    """Bad or missing evaluation outputs; run_main reports it as one line."""
+
+
+@dataclass
+class Evaluation:
+    run: str  # run label, e.g. "run_001"
+    seed: int | None
+    method: str
+    directory: Path
+    metrics: dict
+    scores: dict[str, float]  # item id -> score under the spec's scorer
+    manifest: dict
+
+    def row(self) -> dict:
+        m = self.metrics
+        lo, hi = m["accuracy_ci95"]
+        return {"run": self.run, "seed": self.seed, "method": self.method, "checkpoint": m["checkpoint"],
+                "n": m["n"], "accuracy": m["accuracy"], "ci95_low": lo, "ci95_high": hi, "format": m["format"],
+                "answered": m["answered"], "reward": m["reward"], "turns": m["turns"], "subtasks": m["subtasks"],
+                "tokens_planner": m["tokens_planner"], "tokens_executor": m["tokens_executor"],
+                "source": rel(self.directory / "metrics.json")}
+
+
+@dataclass
+class Training:
+    run: str
+    seed: int | None
+    method: str
+    directory: Path
+    history: list[dict]
+    manifest: dict = field(default_factory=dict)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CompareError(f"{path}: not valid JSON (line {exc.lineno}): {exc.msg}") from None
+
+
+def _read_jsonl(path: Path, allow_empty: bool = False) -> list[tuple[int, dict]]:
+    """(row, object) pairs; a trainer killed before its first step leaves an empty metrics.jsonl."""
+    if allow_empty and path.is_file() and path.stat().st_size == 0:
+        return []
+    return list(read_records(path))
+
+
+def run_label(run_dir: Path, outputs: Path) -> tuple[str, int | None]:
+    """("run_001", 2) for outputs/run_001/seed_2; the folder name outside outputs/."""
+    try:
+        label = run_dir.resolve().relative_to(outputs.resolve()).as_posix()
+    except ValueError:
+        label = run_dir.name
+    m = re.fullmatch(r"(.*)/seed_(\d+)", label)
+    return (m.group(1), int(m.group(2))) if m else (label, None)
+
+
+def find_run_dirs(sources: list[Path]) -> list[Path]:
+    """Run directories under the given paths: a directory with 07_evaluate/ or its seed_* children."""
+    found = []
+    for src in sources:
+        if not src.is_dir():
+            raise CompareError(f"{src}: no such run directory")
+        if (src / "07_evaluate").is_dir():
+            found.append(src)
+        found += sorted(p for p in src.glob("seed_*") if (p / "07_evaluate").is_dir())
+    return sorted(set(found))
+
+
+def evaluation_dirs(run_dirs: list[Path]) -> list[Path]:
+    """Every completed 07_evaluate/<checkpoint>/ under the run directories."""
+    out = []
+    for d in run_dirs:
+        for e in sorted((d / "07_evaluate").iterdir()):
+            if (e / "metrics.json").is_file() and (e / MANIFEST_NAME).is_file():
+                out.append(e)
+    return out
+
+
+def load_evaluation(directory: Path, outputs: Path) -> Evaluation:
+    metrics_path = directory / "metrics.json"
+    metrics = _read_json(metrics_path)
+    for key in ("checkpoint", "n", "accuracy", "accuracy_ci95", "format", "answered"):
+        if key not in metrics:
+            raise CompareError(f"{metrics_path}: field '{key}' is missing")
+    manifest = read_manifest(directory)
+    if manifest.get("status") != "completed":
+        raise CompareError(f"{directory / MANIFEST_NAME}: status '{manifest.get('status')}', expected 'completed'")
+    preds = directory / "samples" / "predictions.jsonl"
+    if not preds.is_file():
+        raise CompareError(f"{preds}: missing (07_evaluate writes it beside metrics.json)")
+    scores = {}
+    for i, row in _read_jsonl(preds):
+        for key in ("qid", "answer"):
+            if key not in row:
+                raise DataError(preds, i, key, "missing")
+        if not isinstance(row["answer"], (int, float)) or isinstance(row["answer"], bool):
+            raise DataError(preds, i, "answer", f"expected a number, got {row['answer']!r}")
+        scores[str(row["qid"])] = float(row["answer"])
+    run, seed = run_label(directory.parent.parent, outputs)
+    checkpoint = str(metrics["checkpoint"])
+    method = checkpoint if checkpoint in CHECKPOINTS else directory.name
+    return Evaluation(run, manifest.get("seed", seed), method, directory, metrics, scores, manifest)
+
+
+def load_trainings(run_dirs: list[Path], outputs: Path) -> list[Training]:
+    out = []
+    for d in run_dirs:
+        run, seed = run_label(d, outputs)
+        for trainer in TRAINER_DIRS:
+            for m in sorted((d / trainer).glob("*/metrics.jsonl")):
+                manifest = read_manifest(m.parent) if (m.parent / MANIFEST_NAME).is_file() else {}
+                history = [r for _, r in _read_jsonl(m, allow_empty=True)]
+                out.append(Training(run, manifest.get("seed", seed), m.parent.name, m.parent, history, manifest))
+    return out
+
+
+def method_key(method: str) -> tuple[int, str]:
+    """Report order: the registry's methods, then sft_warmup and base, then anything else by name."""
+    return (CHECKPOINTS.index(method) if method in CHECKPOINTS else len(CHECKPOINTS), method)
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def config_diff(configs: dict[str, dict]) -> list[tuple[str, dict]]:
+    """[(dotted key, {label: value})] for keys whose values differ between the labelled configs."""
+    flat = {label: flatten(c) for label, c in configs.items()}
+    keys = sorted(set().union(*(f.keys() for f in flat.values()))) if flat else []
+    rows = []
+    for key in keys:
+        values = {label: f.get(key, "—") for label, f in flat.items()}
+        if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
+            rows.append((key, values))
+    return rows
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return mean, std
+
+
+def fmt(x, digits: int = 4) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def source_files(evals: list[Evaluation], trainings: list[Training]) -> list[Path]:
+    files = []
+    for e in evals:
+        files += [e.directory / "metrics.json", e.directory / "samples" / "predictions.jsonl"]
+    files += [t.directory / "metrics.jsonl" for t in trainings]
+    return files
+
+
+def resolve_sources(cfg: RunConfig, runs: list[str]) -> list[Path]:
+    """The run directories 08 reads: `--runs` patterns, or this run's directory."""
+    if not runs:
+        return [run_dir(cfg)]
+    out = []
+    for pattern in runs:
+        hits = sorted(glob.glob(str(repo_path(pattern))))
+        if not hits:
+            raise StageError(f"--runs {pattern}: matches no directory")
+        out += [Path(h) for h in hits]
+    return out
+
+
+def compare_settings(cfg: RunConfig, runs: list[str], resamples: int) -> dict:
+    """What 08's output depends on, and so what its manifest hashes: the sources, every evaluation
+    found in them, the bootstrap. (A source that does not exist yet contributes no evaluations.)"""
+    run_dirs = find_run_dirs([s for s in resolve_sources(cfg, runs) if s.is_dir()])
+    return {"runs": runs, "evaluations": [rel(e) for e in evaluation_dirs(run_dirs)], "resamples": resamples,
+            "seed": cfg.seed}

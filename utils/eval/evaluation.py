@@ -1,0 +1,79 @@
+"""Greedy evaluation of the full Planner/Executor agent: rollouts on rows, scored by the reward spec.
+
+`greedy_eval` is what 07 runs on the test split and what the SFT warmup's `Validator` runs on val.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+from utils.agent.rollout import Codec, Rollout, RolloutSpec
+from utils.core.checkpoint import save_weights
+from utils.core.manifest import atomic_write_json
+from utils.core.schema import RunConfig
+from utils.reward.spec import RewardSpec, score_episodes
+
+
+def summarize_scores(scored: list[dict]) -> dict:
+    n = max(len(scored), 1)
+    mean = lambda k: round(sum(s[k] for s in scored) / n, 6)  # noqa: E731
+    return {"n": len(scored), "accuracy": mean("answer"), "format": mean("format"), "reward": mean("reward"),
+            "answered": round(sum(s["status"] == "answered" for s in scored) / n, 6),
+            "turns": mean("turns"), "subtasks": mean("subtasks"),
+            "tokens_planner": mean("tokens_planner"), "tokens_executor": mean("tokens_executor"),
+            "status": dict(sorted(Counter(s["status"] for s in scored).items()))}
+
+
+def greedy_eval(engine, codec: Codec, rows: list[dict], spec: RewardSpec, rollout: RolloutSpec) -> tuple[dict, list[dict]]:
+    """(summary metrics, per-episode records) of greedy rollouts on `rows`."""
+    episodes = Rollout(engine, codec, replace(rollout, temperature=0.0)).run(rows, n=1, seed=0)
+    scored = score_episodes(episodes, spec)
+    return summarize_scores(scored), scored
+
+
+def failure_category(record: dict) -> str:
+    """correct | wrong_answer | no_answer | malformed | hit_max_turns | executor_error."""
+    status = record["status"]
+    if status == "answered":
+        if not (record["prediction"] or "").strip():
+            return "no_answer"
+        return "correct" if record["answer"] >= 1.0 else "wrong_answer"
+    return {"max_turns": "hit_max_turns"}.get(status, status)
+
+
+def pass_at_k(scored: list[dict]) -> float:
+    """Share of questions with at least one correct sample among their scored episodes."""
+    hit: dict = {}
+    for r in scored:
+        hit[r["qid"]] = max(hit.get(r["qid"], 0.0), r["answer"])
+    return round(sum(hit.values()) / max(len(hit), 1), 6)
+
+
+class Validator:
+    """Serves the current weights on the rollout engine and scores greedy episodes on val rows; each
+    call writes valid_samples/step_N.json under `out` and returns the summary metrics."""
+
+    def __init__(self, cfg: RunConfig, base: Path, rows: list[dict], spec: RewardSpec, codec: Codec, out: Path):
+        self.cfg, self.base, self.rows, self.spec, self.codec, self.out = cfg, base, rows, spec, codec, out
+        self.engine = None
+
+    def __call__(self, model, weights_dir: Path, step: int) -> dict:
+        from tqdm import tqdm
+
+        from utils.agent.engines import make_engine
+
+        save_weights(model, weights_dir)
+        if self.cfg.model.lora.full_finetune:  # full weights: a fresh HF engine on the saved model
+            engine = make_engine("hf", weights_dir, self.cfg.model.engine)
+        else:
+            if self.engine is None:
+                self.engine = make_engine(self.cfg.model.engine.name, self.base, self.cfg.model.engine, self.cfg.seed)
+            engine = self.engine
+            engine.set_adapter(weights_dir)
+        metrics, samples = greedy_eval(engine, self.codec, self.rows, self.spec, RolloutSpec.from_config(self.cfg, 0.0))
+        atomic_write_json(self.out / "valid_samples" / f"step_{step}.json", {"step": step, "metrics": metrics,
+                                                                            "samples": samples})
+        tqdm.write(f"step {step}: val accuracy {metrics['accuracy']:.3f} format {metrics['format']:.3f} "
+                   f"reward {metrics['reward']:.3f}")
+        return metrics

@@ -1,0 +1,272 @@
+"""The comparison report of `08_compare_runs.py`: summary.csv, the plots and report.md.
+
+Everything here reads the `Evaluation`s and `Training`s that utils/eval/compare.py collects and
+writes nothing but the files it is asked to; the numbers in summary.csv and report.md are the
+ones in each evaluation's metrics.json (tests/test_compare.py checks that).
+"""
+from __future__ import annotations
+
+import csv
+import io
+from collections import defaultdict
+from pathlib import Path
+
+from utils.core.manifest import atomic_write_bytes, rel
+from utils.eval.compare import (PHASES, SUMMARY_FIELDS, Evaluation, Training, config_diff, fmt, mean_std,
+                                method_key)
+from utils.eval.stats import paired_bootstrap
+
+
+def summary_csv(evals: list[Evaluation]) -> str:
+    """One row per run, seed and method, with the numbers exactly as in metrics.json."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=SUMMARY_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for e in sorted(evals, key=lambda e: (e.run, e.seed or 0, method_key(e.method))):
+        writer.writerow(e.row())
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------------- plots
+def _save(fig, out: Path, name: str, made: list[str]) -> None:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(out / name, buf.getvalue())
+    made.append(name)
+
+
+def _curve_label(t: Training, many_runs: bool) -> str:
+    label = t.method if t.seed is None else f"{t.method} s{t.seed}"
+    return f"{t.run}:{label}" if many_runs else label
+
+
+def plot_all(evals: list[Evaluation], trainings: list[Training], out: Path) -> list[str]:
+    """Draw every plot into `out`; returns the file names written."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    many_runs = len({e.run for e in evals}) > 1
+    made: list[str] = []
+    for plot in (_plot_reward, _plot_accuracy, _plot_red, _plot_phases):
+        name, fig = plot(plt, evals, trainings, many_runs)
+        _save(fig, out, name, made)
+    return made
+
+
+def _plot_reward(plt, evals, trainings, many_runs):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for t in trainings:
+        pts = [(h["step"], h["critic/rewards/mean"]) for h in t.history if "critic/rewards/mean" in h]
+        if pts:
+            ax.plot(*zip(*pts), marker=".", label=_curve_label(t, many_runs))
+    ax.set(xlabel="RL step", ylabel="mean episode reward (critic/rewards/mean)", title="Training reward")
+    if ax.lines:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no RL training curves in these runs", ha="center", transform=ax.transAxes)
+    return "reward_vs_step.png", fig
+
+
+def _plot_accuracy(plt, evals, trainings, many_runs):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ordered = sorted(evals, key=lambda e: (e.run, method_key(e.method), e.seed or 0))
+    labels, accs, errs = [], [], [[], []]
+    for e in ordered:
+        lo, hi = e.metrics["accuracy_ci95"]
+        acc = e.metrics["accuracy"]
+        labels.append(_curve_label(Training(e.run, e.seed, e.method, e.directory, []), many_runs))
+        accs.append(acc)
+        errs[0].append(max(acc - lo, 0.0))
+        errs[1].append(max(hi - acc, 0.0))
+    ax.bar(range(len(accs)), accs, yerr=errs, capsize=4, color="tab:blue")
+    ax.set_xticks(range(len(accs)), labels, rotation=30, ha="right", fontsize=8)
+    ax.set(ylabel="test accuracy (bootstrap 95% CI)", title="Greedy test accuracy", ylim=(0, 1))
+    return "test_accuracy.png", fig
+
+
+def _plot_red(plt, evals, trainings, many_runs):
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for t in trainings:
+        lab = _curve_label(t, many_runs)
+        for key, style in (("red/final_weight", "-"), ("red/entropy_weight", "--"), ("red/accuracy_factor", ":")):
+            pts = [(h["step"], h[key]) for h in t.history if key in h]
+            if pts:
+                ax1.plot(*zip(*pts), style, label=f"{lab} {key.split('/')[1]}")
+        for key, style in (("actor/rl_entropy", "-"), ("actor/sft_entropy", "--")):
+            pts = [(h["step"], h[key]) for h in t.history if key in h]
+            if pts:
+                ax2.plot(*zip(*pts), style, label=f"{lab} {key.split('/')[1]}")
+    ax1.set(xlabel="step", ylabel="weight", title="RED weights")
+    ax2.set(xlabel="step", ylabel="nats/token", title="Token entropy: RL vs SFT tokens")
+    for ax in (ax1, ax2):
+        if ax.lines:
+            ax.legend(fontsize=7)
+    return "red_dynamics.png", fig
+
+
+def _plot_phases(plt, evals, trainings, many_runs):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names, bottoms = [_curve_label(t, many_runs) for t in trainings], [0.0] * len(trainings)
+    for phase in PHASES:
+        vals = [_phase_mean(t, phase) for t in trainings]
+        ax.bar(range(len(trainings)), vals, bottom=bottoms, label=phase.split("/")[1])
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    ax.set_xticks(range(len(trainings)), names, rotation=30, ha="right", fontsize=8)
+    ax.set(ylabel="seconds per step (mean)", title="Time per phase")
+    if trainings:
+        ax.legend(fontsize=8)
+    return "time_per_phase.png", fig
+
+
+def _phase_mean(t: Training, phase: str) -> float:
+    vals = [h[phase] for h in t.history if phase in h]
+    return sum(vals) / len(vals) if vals else 0.0
+
+
+# --------------------------------------------------------------------------------------- report
+def _table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def comparisons(evals: list[Evaluation], resamples: int, seed: int) -> list[dict]:
+    """Paired bootstrap of red against every other method, per run, pairing (seed, item)."""
+    by_run = defaultdict(lambda: defaultdict(dict))
+    for e in evals:
+        by_run[e.run][e.method].update({(e.seed, q): s for q, s in e.scores.items()})
+    out = []
+    for run, methods in sorted(by_run.items()):
+        if "red" not in methods:
+            continue
+        for other in sorted(methods, key=method_key):
+            if other != "red":
+                out.append({"run": run, "a": "red", "b": other,
+                            **paired_bootstrap(methods["red"], methods[other], resamples, seed)})
+    return out
+
+
+def render_report(evals: list[Evaluation], trainings: list[Training], tests: list[dict], plots: list[str],
+                  sources: list[Path], resamples: int) -> str:
+    runs = sorted({e.run for e in evals})
+    lines = ["# RED-CoDA run comparison", "",
+             f"Sources: {', '.join(rel(s) for s in sources)}. {len(evals)} evaluations in {len(runs)} run(s); "
+             f"greedy Planner/Executor rollouts on each run's test split (07_evaluate).", ""]
+    lines += _accuracy_section(evals)
+    lines += _paired_section(tests, resamples)
+    lines += _training_section(trainings)
+    lines += ["## Plots", ""] + [f"![{p[:-4]}](plots/{p})" for p in plots] + [""]
+    lines += _config_section(evals, trainings, runs)
+    lines += ["## What these numbers show and do not show", ""] + _caveats(evals, trainings, tests) + [""]
+    return "\n".join(lines)
+
+
+def _accuracy_section(evals: list[Evaluation]) -> list[str]:
+    lines = ["## Test accuracy", "",
+             "Accuracy is the mean item score under the reward spec's scorer; the CI is a bootstrap over "
+             "test items (from metrics.json).", ""]
+    rows = []
+    for e in sorted(evals, key=lambda e: (e.run, method_key(e.method), e.seed or 0)):
+        m = e.metrics
+        lo, hi = m["accuracy_ci95"]
+        rows.append([e.run, fmt(e.seed), e.method, m["n"], fmt(m["accuracy"]), f"{fmt(lo)}–{fmt(hi)}",
+                     fmt(m["format"]), fmt(m["answered"]), fmt(m["turns"], 2), fmt(m["subtasks"], 2),
+                     fmt(m["tokens_planner"], 1), fmt(m["tokens_executor"], 1)])
+    lines += [_table(["run", "seed", "method", "n", "accuracy", "95% CI", "format", "answered", "turns",
+                      "subtasks", "tokens planner", "tokens executor"], rows), ""]
+
+    groups = defaultdict(list)
+    for e in evals:
+        groups[(e.run, e.method)].append(e.metrics["accuracy"])
+    if any(len(v) > 1 for v in groups.values()):
+        rows = []
+        for (run, method), accs in sorted(groups.items(), key=lambda kv: (kv[0][0], method_key(kv[0][1]))):
+            mean, std = mean_std(accs)
+            rows.append([run, method, len(accs), fmt(mean), fmt(std)])
+        lines += ["### Across seeds", "", _table(["run", "method", "seeds", "mean accuracy", "std"], rows), ""]
+    return lines
+
+
+def _paired_section(tests: list[dict], resamples: int) -> list[str]:
+    lines = ["## Paired comparison: red vs each other method", ""]
+    if tests:
+        lines += [f"Paired bootstrap ({resamples} resamples) of the per-item accuracy difference on the items "
+                  "both methods were evaluated on; significant means the 95% CI of the difference excludes 0.", ""]
+        rows = [[t["run"], f"red − {t['b']}", t["n"], fmt(t["diff"]),
+                 f"{fmt(t['ci95_low'])}–{fmt(t['ci95_high'])}", fmt(t["p_value"]),
+                 "yes" if t["significant"] else "no"] for t in tests]
+        lines += [_table(["run", "difference", "items", "mean diff", "95% CI", "p", "significant"], rows), ""]
+    else:
+        lines += ["No run here evaluated `red`, so there is no paired comparison.", ""]
+    return lines
+
+
+def _training_section(trainings: list[Training]) -> list[str]:
+    if not trainings:
+        return []
+    lines, rows = ["## Training", ""], []
+    for t in trainings:
+        rl = [h for h in t.history if "critic/rewards/mean" in h]
+        phase = {p: _phase_mean(t, p) for p in PHASES}
+        rows.append([t.run, fmt(t.seed), t.method, len(t.history),
+                     fmt(rl[0]["critic/rewards/mean"], 3) if rl else "—",
+                     fmt(rl[-1]["critic/rewards/mean"], 3) if rl else "—",
+                     fmt(rl[0]["answer_f1/mean"], 3) if rl else "—",
+                     fmt(rl[-1]["answer_f1/mean"], 3) if rl else "—",
+                     fmt(t.manifest.get("wall_seconds"), 1) if t.manifest else "—"]
+                    + [fmt(phase[p], 2) for p in PHASES])
+    lines += [_table(["run", "seed", "method", "steps", "reward first", "reward last", "train acc first",
+                      "train acc last", "wall s"] + [f"{p.split('/')[1]} s/step" for p in PHASES], rows), ""]
+    return lines
+
+
+def _config_section(evals: list[Evaluation], trainings: list[Training], runs: list[str]) -> list[str]:
+    lines = ["## Configs that differ", ""]
+    by_method = {f"{t.run}:{t.method}" + (f":s{t.seed}" if t.seed is not None else ""): t.manifest.get("config", {})
+                 for t in trainings if t.manifest}
+    diff = config_diff(by_method)
+    if diff:
+        labels = list(by_method)
+        lines += ["Between the trainer runs (from their manifests):", "",
+                  _table(["key"] + labels, [[k] + [f"`{v[lab]}`" for lab in labels] for k, v in diff]), ""]
+    else:
+        lines += ["The trainer runs have identical configs or there is only one." if by_method
+                  else "No trainer runs here.", ""]
+    if len(runs) > 1:
+        per_run = {}
+        for e in evals:
+            per_run.setdefault(e.run, {}).update({f"07/{e.method}.{k}": v for k, v in e.manifest.get("config", {}).items()})
+        diff = config_diff(per_run)
+        lines += ["Between runs (07_evaluate configs):", "",
+                  _table(["key"] + runs, [[k] + [f"`{v.get(r, '—')}`" for r in runs] for k, v in diff])
+                  if diff else "identical.", ""]
+    return lines
+
+
+def _caveats(evals: list[Evaluation], trainings: list[Training], tests: list[dict]) -> list[str]:
+    out = []
+    for t in tests:
+        verdict = ("a significant" if t["significant"] else "no significant") if t["n"] else "no comparable"
+        if t["n"]:
+            out.append(f"- {t['run']}: red − {t['b']} = {fmt(t['diff'])} accuracy on {t['n']} shared items "
+                       f"(95% CI {fmt(t['ci95_low'])} to {fmt(t['ci95_high'])}): {verdict} difference.")
+    seeds = {(e.run, e.method): set() for e in evals}
+    for e in evals:
+        seeds[(e.run, e.method)].add(e.seed)
+    if all(len(s) <= 1 for s in seeds.values()):
+        out.append("- One training seed per method: the CIs cover test-item sampling only, not run-to-run "
+                   "training variance, so a difference may not survive another seed.")
+    steps = {t.method: len(t.history) for t in trainings}
+    if steps:
+        out.append("- Training length per method: " + ", ".join(f"{m} {n} steps" for m, n in sorted(steps.items()))
+                   + ". Short runs show early dynamics, not converged performance.")
+    n = {e.metrics["n"] for e in evals}
+    out.append(f"- Test items per evaluation: {', '.join(str(x) for x in sorted(n))}; a gap smaller than the CI "
+               "width is not evidence either way.")
+    out.append("- Accuracy is judged by the reward spec's scorer on the final `<answer>`; it says nothing about "
+               "whether the intermediate subtasks were sensible.")
+    return out

@@ -1,0 +1,151 @@
+"""Reward functions: pure `(text, golds) -> (value, components)` maps that never raise on model output.
+
+Answer scorers (registered by name, `SCORERS`):
+- `em`   exact match after SQuAD normalisation (lower case, no punctuation/articles/extra spaces);
+- `f1`   SQuAD token F1, the best over the gold answers;
+- `cem`  cover EM: some normalised gold answer occurs inside the normalised prediction;
+- `numeric` the first number in the prediction equals a gold number within a relative tolerance;
+  it understands "1,234", "$5", "12%", "-3.50", "1/2" and "3.2e3".
+`composite` turns an answer score and the protocol's format score (utils/agent/protocol.py) into
+the seed's reward `6·score − 3 + 0.1·format`, with the weights of the `reward` config section
+(`RewardConfig`, which the reward spec extends), plus an optional token-efficiency term.
+
+Scorers parse garbage without raising, so `composite` does not catch exceptions: a bug in a
+scorer surfaces as an error instead of silently scoring 0 (reward −3) during training.
+"""
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections import Counter
+from typing import Callable
+
+from utils.agent.protocol import MAX_PARSED_CHARS as MAX_SCORED_CHARS
+from utils.core.schema import RewardConfig
+
+# ---------------------------------------------------------------- normalisation and parsing
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation: lower case, drop punctuation and articles, collapse whitespace."""
+    text = str(text)[:MAX_SCORED_CHARS].lower()
+    text = "".join(ch for ch in text if ch not in _PUNCT)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+_NUMBER = re.compile(r"[-+\u2212]?\s?\$?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?"
+                     r"(?:\s?/\s?\d+(?:\.\d+)?)?\s?%?|[-+\u2212]?\$?\.\d+%?")
+
+
+def parse_number(text: str) -> float | None:
+    """The first number in `text`, or None. Commas, '$', '%' (kept as the number: '12%' -> 12) and
+    simple fractions are understood; unicode minus counts as '-'."""
+    if text is None:
+        return None
+    match = _NUMBER.search(str(text)[:MAX_SCORED_CHARS])
+    if not match:
+        return None
+    raw = match.group(0).replace(" ", "").replace("$", "").replace(",", "").replace("%", "")
+    raw = raw.replace("\u2212", "-")
+    try:
+        if "/" in raw:
+            num, den = raw.split("/")
+            value = float(num) / float(den)
+        else:
+            value = float(raw)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+# ---------------------------------------------------------------- answer scorers
+# Each returns (score in [0, 1], components); components say what was compared.
+
+Scored = tuple[float, dict]
+
+
+def score_em(pred: str, golds: list[str]) -> Scored:
+    p = normalize_answer(pred)
+    hits = [g for g in golds if p == normalize_answer(g)]
+    return float(bool(hits)), {"pred_norm": p, "matched": hits[0] if hits else None}
+
+
+def _f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
+    if not pred_tokens or not gold_tokens:
+        return float(pred_tokens == gold_tokens)
+    same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred_tokens), same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def score_f1(pred: str, golds: list[str]) -> Scored:
+    p = normalize_answer(pred).split()
+    scores = [_f1(p, normalize_answer(g).split()) for g in golds]
+    best = max(range(len(scores)), key=scores.__getitem__, default=None)
+    return (scores[best] if best is not None else 0.0), {"matched": golds[best] if best is not None else None}
+
+
+def score_cem(pred: str, golds: list[str]) -> Scored:
+    p = normalize_answer(pred)
+    hits = [g for g in golds if normalize_answer(g) and normalize_answer(g) in p]
+    return float(bool(hits)), {"pred_norm": p, "matched": hits[0] if hits else None}
+
+
+def score_numeric(pred: str, golds: list[str], rel_tol: float = 1e-4) -> Scored:
+    value = parse_number(pred)
+    if value is None:
+        return 0.0, {"pred_number": None, "matched": None}
+    for g in golds:
+        target = parse_number(g)
+        if target is not None and math.isclose(value, target, rel_tol=rel_tol, abs_tol=1e-9):
+            return 1.0, {"pred_number": value, "matched": g}
+    return 0.0, {"pred_number": value, "matched": None}
+
+
+SCORERS: dict[str, Callable[..., Scored]] = {
+    "em": score_em, "f1": score_f1, "cem": score_cem, "numeric": score_numeric,
+}
+
+
+def get_scorer(name: str) -> Callable[..., Scored]:
+    if name not in SCORERS:
+        raise KeyError(f"unknown scorer '{name}'; valid: {', '.join(sorted(SCORERS))}")
+    return SCORERS[name]
+
+
+def gold_parseable(scorer: str, answer: str) -> bool:
+    """Whether `scorer` can use `answer` as a gold answer (used by 00_check_data)."""
+    if scorer == "numeric":
+        return parse_number(answer) is not None
+    return bool(normalize_answer(answer))
+
+
+# ---------------------------------------------------------------- composite
+
+def answer_score(scorer: str, pred: str | None, golds: list[str], rel_tol: float = 1e-4) -> Scored:
+    if pred is None:
+        return 0.0, {"matched": None}
+    if scorer == "numeric":
+        return score_numeric(pred, golds, rel_tol)
+    return get_scorer(scorer)(pred, golds)
+
+
+def composite(scorer: str, pred: str | None, golds: list[str], fmt: float, n_tokens: int,
+              w: RewardConfig) -> tuple[float, dict]:
+    """`answer_scale·score + answer_shift + format_weight·format − efficiency_weight·overrun`.
+
+    `overrun` is max(0, n_tokens/efficiency_budget − 1): no penalty inside the budget. An unknown
+    scorer raises KeyError (a config error); a scorer never raises on model output.
+    """
+    score, _ = answer_score(scorer, pred, golds, w.numeric_rel_tol)
+    fmt = min(max(float(fmt), 0.0), 1.0) if math.isfinite(fmt) else 0.0
+    overrun = max(0.0, n_tokens / max(w.efficiency_budget, 1) - 1.0)
+    value = w.answer_scale * score + w.answer_shift + w.format_weight * fmt - w.efficiency_weight * overrun
+    return value, {"answer": score, "format": fmt, "efficiency_overrun": overrun, "reward": value}

@@ -1,0 +1,96 @@
+"""One RED-GRPO training step, as functions over explicit inputs (docs/ARCHITECTURE.md, "Training").
+
+    1. roll out questions x n samples on the engine serving the current adapter
+    2. score each episode with the reward spec
+    3. group advantages; every segment of an episode (planner and executor) gets its advantage
+    4. recompute log-probs of the sampled tokens with the trainer model
+    5. draw an SFT batch
+    6. one optimizer step on  L_GRPO − β·H_rl + w·α·L_SFT (+ kl_coef·KL)
+    7. update the RED state
+    8. give the new adapter to the engine
+
+Departures from the seed, stated once: the PPO "old" log-probs are the trainer's recomputation
+(the sampler's log-probs are compared with them and the mean absolute difference is logged as
+`rollout/logprob_mismatch`, so a stale sampler is visible); the KL reference is the base model
+with the LoRA adapter disabled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from utils.agent.episode import Episode, episode_sequences
+from utils.core.tensors import pad
+from utils.train.losses import aggregate, advantages, k3_kl, ppo_clip_loss, red_weights, sft_cross_entropy
+from utils.train.policy import forward_logprobs
+
+
+@dataclass
+class RlBatch:
+    """Padded training sequences of one rollout batch. ids/mask/sampler_lp [S, T]; adv [S]."""
+
+    ids: torch.Tensor
+    attn: torch.Tensor
+    mask: torch.Tensor  # over next-token positions: [S, T-1]
+    sampler_lp: torch.Tensor  # [S, T-1]
+    adv: torch.Tensor  # [S]
+    roles: list[str]
+
+
+def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int) -> RlBatch | None:
+    """Every trained sequence of the episodes (utils/agent/episode.py), each with its episode's
+    advantage; None if no sequence has a trained token."""
+    seqs = [(ex, a) for ep, a in zip(episodes, adv.tolist()) for ex in episode_sequences(ep) if sum(ex.mask)]
+    if not seqs:
+        return None
+    ids, attn = pad([ex.ids for ex, _ in seqs], pad_id, torch.long)
+    mask, _ = pad([ex.mask for ex, _ in seqs], 0, torch.float)
+    lp, _ = pad([ex.logprobs for ex, _ in seqs], 0.0, torch.float)
+    # position t of ids is predicted from position t-1: shift the token-aligned mask and log-probs
+    return RlBatch(ids, attn, mask[:, 1:], lp[:, 1:], torch.tensor([a for _, a in seqs]), [ex.role for ex, _ in seqs])
+
+
+@dataclass
+class LossTerms:
+    loss: torch.Tensor
+    stats: dict
+
+
+def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor, sft: tuple | None, alg, red_state,
+                  batch_accuracy: float) -> LossTerms:
+    """L = L_GRPO − β·H_rl + w·α·L_SFT + kl_coef·KL, with every term's value in `stats`."""
+    rl = alg.rl
+    logp, ent = forward_logprobs(model, batch.ids, batch.attn, with_entropy=True)
+    pg, pg_stats = ppo_clip_loss(logp, old_lp, batch.adv, batch.mask, rl.clip_low, rl.clip_high, rl.loss_agg)
+    h_rl = aggregate("token-mean", ent, batch.mask)
+    loss = pg - rl.entropy_coef * h_rl
+    stats = {"actor/pg_loss": pg.item(), "actor/rl_entropy": h_rl.item(), "actor/clip_frac": pg_stats["clip_frac"],
+             "actor/ratio_mean": pg_stats["ratio_mean"]}
+    if rl.kl_coef > 0:
+        with torch.no_grad(), model.disable_adapter():
+            ref_lp, _ = forward_logprobs(model, batch.ids, batch.attn)
+        kl = aggregate(rl.loss_agg, k3_kl(logp, ref_lp), batch.mask)
+        loss = loss + rl.kl_coef * kl
+        stats["actor/kl"] = kl.item()
+    if sft is not None:
+        s_ids, s_attn, s_mask = sft
+        s_lp, s_ent = forward_logprobs(model, s_ids, s_attn, with_entropy=True)
+        l_sft = sft_cross_entropy(s_lp, s_mask)
+        h_sft = aggregate("token-mean", s_ent, s_mask)
+        w = red_weights(red_state, batch_accuracy, alg.red.G, alg.red.accuracy_aware_policy_shift,
+                        alg.red.weight_min, alg.red.weight_max)
+        loss = loss + w["red/final_weight"] * alg.sft.loss_coef * l_sft
+        stats.update(w)
+        stats.update({"actor/sft_loss": l_sft.item(), "actor/sft_entropy": h_sft.item()})
+    stats["actor/loss"] = loss.item()
+    return LossTerms(loss, stats)
+
+
+def group_advantages(rewards: list[float], n: int, scaling: str) -> torch.Tensor:
+    return advantages(scaling, torch.tensor(rewards, dtype=torch.float), n)
+
+
+def zero_variance_fraction(rewards: list[float], n: int) -> float:
+    groups = [rewards[i:i + n] for i in range(0, len(rewards), n)]
+    return sum(max(g) - min(g) < 1e-9 for g in groups) / max(len(groups), 1)

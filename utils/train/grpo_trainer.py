@@ -1,0 +1,206 @@
+"""The RED-GRPO training loop: steps, logging, checkpoints, resume and guards.
+
+Checkpoints (`ckpt/step_N/`, every `save_freq` steps, last `keep_last` kept) are assembled under a
+temporary name and renamed, and hold everything a resume restores: the adapter, the optimizer,
+torch/python RNG states, the RED state, the question and SFT data cursors and the step (the RL
+learning rate is constant: there is no scheduler). Rollout randomness derives from (seed, step,
+index), so a resumed run on CPU reproduces an uninterrupted one. A non-finite loss or gradient skips the optimizer step (logged as
+`train/skipped_nonfinite`) and never reaches a checkpoint.
+"""
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from utils.agent.episode import dump_episodes
+from utils.agent.rollout import Rollout
+from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
+from utils.core.stream import Cursor, take
+from utils.reward.spec import score_episodes
+from utils.train.grpo import build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
+from utils.train.losses import RedState, aggregate, red_update, sft_cross_entropy
+from utils.train.policy import forward_logprobs, sft_batch
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    questions: Cursor = field(default_factory=Cursor)  # the (seed, "q", epoch)-shuffled question stream
+    sft: Cursor = field(default_factory=Cursor)  # the (seed, "s", epoch)-shuffled SFT example stream
+    red: dict = field(default_factory=lambda: asdict(RedState()))
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TrainState":
+        return cls(**{**d, "questions": Cursor(**d["questions"]), "sft": Cursor(**d["sft"])})
+
+
+class GrpoTrainer:
+    def __init__(self, cfg, model, engine, rollout: Rollout, spec, rows: list[dict], sft_examples: list,
+                 pad_id: int, out_dir: Path, logger, config_sha: str):
+        self.cfg, self.alg, self.model, self.engine, self.rollout = cfg, cfg.algorithm, model, engine, rollout
+        self.spec, self.rows, self.sft_examples, self.pad_id = spec, rows, sft_examples, pad_id
+        self.out, self.logger, self.config_sha = out_dir, logger, config_sha
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=self.alg.rl.lr, weight_decay=self.alg.rl.weight_decay)
+        self.state = TrainState()
+        self.ckpt_dir = out_dir / "ckpt"
+        self.policy_dir = out_dir / "policy"
+
+    # ------------------------------------------------------------ checkpoints
+    def save(self) -> Path:
+        final = save_checkpoint(self.ckpt_dir / f"step_{self.state.step}", self.model, self.opt, None,
+                                asdict(self.state), self.config_sha)
+        for old in self.checkpoints()[:-self.alg.rl.keep_last]:
+            shutil.rmtree(old)
+        return final
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first."""
+        if not self.ckpt_dir.is_dir():
+            return []
+        found = [p for p in self.ckpt_dir.glob("step_*") if is_checkpoint(p)]
+        return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+
+    def try_resume(self) -> bool:
+        state = resume_latest(self.checkpoints(), self.config_sha, self.model, self.opt, None, self.logger,
+                              stale=self.ckpt_dir)
+        if state is not None:
+            self.state = TrainState.from_json(state)
+        return state is not None
+
+    def _sft_examples(self) -> list:
+        return take(self.sft_examples, self.alg.sft.batch_size, f"{self.cfg.seed}/s", self.state.sft)
+
+    def sync_policy(self) -> float:
+        """Give the current adapter to the engine; returns seconds."""
+        t0 = time.time()
+        target = self.policy_dir / f"step_{self.state.step}"
+        save_weights(self.model, target)
+        self.engine.set_adapter(target)
+        for old in self.policy_dir.glob("step_*"):
+            if old != target:
+                shutil.rmtree(old, ignore_errors=True)
+        return time.time() - t0
+
+    # ------------------------------------------------------------ one step
+    def _optimize(self, loss: torch.Tensor) -> tuple[int, float | None]:
+        """One clipped optimizer step; (1, None) and no update if the loss or gradient is non-finite."""
+        self.opt.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            return 1, None
+        loss.backward()
+        grad = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad],
+                                              self.alg.rl.max_grad_norm)
+        if not torch.isfinite(grad):
+            self.opt.zero_grad(set_to_none=True)
+            return 1, None
+        self.opt.step()
+        return 0, float(grad)
+
+    def sft_only_step(self) -> dict:
+        """Method `sft`: the same optimizer on α·L_SFT alone, no rollouts (the no-RL ablation)."""
+        t0 = time.time()
+        ids, attn, mask = sft_batch(self._sft_examples(), self.pad_id)
+        logp, ent = forward_logprobs(self.model, ids, attn, with_entropy=True)
+        loss = self.alg.sft.loss_coef * sft_cross_entropy(logp, mask)
+        skipped, _ = self._optimize(loss)
+        self.state.step += 1
+        timings = {"time/update": time.time() - t0, "time/weight_sync": self.sync_policy()}
+        return {"step": self.state.step, "actor/sft_loss": round(loss.item() / max(self.alg.sft.loss_coef, 1e-12), 6),
+                "actor/sft_entropy": round(aggregate("token-mean", ent.detach(), mask).item(), 6),
+                "train/skipped_nonfinite": skipped, **timings}
+
+    def _update(self, batch, old_lp, accuracy: float) -> tuple[dict, int]:
+        """The optimizer step(s) on L_GRPO − β·H + w·α·L_SFT, then the RED state update: (stats, skipped)."""
+        sft = None
+        if self.alg.sft.enabled and self.sft_examples:
+            sft = sft_batch(self._sft_examples(), self.pad_id)
+        stats, skipped = {}, 0
+        red = RedState(**self.state.red)
+        for _ in range(self.alg.rl.ppo_epochs):
+            if batch is None:
+                break
+            terms = red_grpo_loss(self.model, batch, old_lp, sft, self.alg, red, accuracy)
+            stats = terms.stats
+            skipped, grad = self._optimize(terms.loss)
+            if skipped:
+                break
+            stats["actor/grad_norm"] = grad
+        if sft is not None and "actor/sft_entropy" in stats and not skipped:
+            red = red_update(red, stats["actor/sft_entropy"], stats["actor/rl_entropy"],
+                             self.alg.red.sft_entropy_ema_decay, self.alg.red.rl_entropy_ema_decay)
+        self.state.red = asdict(red)
+        return stats, skipped
+
+    def step(self) -> dict:
+        rl, seed, timings = self.alg.rl, self.cfg.seed, {}
+        if not rl.enabled:
+            return self.sft_only_step()
+        t0 = time.time()
+        rows = take(self.rows, rl.questions_per_step, f"{seed}/q", self.state.questions)
+        episodes = self.rollout.run(rows, n=rl.n_samples, seed=seed, step=self.state.step)
+        timings["time/rollout"] = time.time() - t0
+        t0 = time.time()
+        scored = score_episodes(episodes, self.spec)
+        rewards = [s["reward"] for s in scored]
+        accuracy = sum(s["answer"] for s in scored) / len(scored)
+        adv = group_advantages(rewards, rl.n_samples, rl.adv_scaling)
+        timings["time/scoring"] = time.time() - t0
+        t0 = time.time()
+        batch = build_rl_batch(episodes, adv, self.pad_id)
+        with torch.no_grad():
+            old_lp, _ = forward_logprobs(self.model, batch.ids, batch.attn) if batch else (None, None)
+        mismatch = ((old_lp - batch.sampler_lp).abs() * batch.mask).sum() / batch.mask.sum() if batch else torch.tensor(0.)
+        timings["time/logprobs"] = time.time() - t0
+        t0 = time.time()
+        stats, skipped = self._update(batch, old_lp, accuracy)
+        timings["time/update"] = time.time() - t0
+        self.state.step += 1
+        timings["time/weight_sync"] = self.sync_policy()
+        if rl.dump_freq and self.state.step % rl.dump_freq == 0:
+            dump_episodes(episodes, self.out / "episodes" / f"step_{self.state.step}.jsonl")
+        return _step_metrics(self.state.step, scored, rewards, accuracy, rl.n_samples, skipped, float(mismatch),
+                             {**stats, **timings})
+
+    def train(self, progress=None) -> list[dict]:
+        history = []
+        if self.state.step == 0:
+            torch.manual_seed(self.cfg.seed)
+        self.sync_policy()
+        while self.state.step < self.alg.rl.steps:
+            self.model.train()
+            metrics = self.step()
+            self.logger.log(metrics)
+            history.append(metrics)
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3f}" for k in
+                                      ("critic/rewards/mean", "answer_f1/mean", "actor/sft_loss") if k in metrics})
+            if self.state.step % self.alg.rl.save_freq == 0 or self.state.step == self.alg.rl.steps:
+                self.save()
+        self.model.eval()
+        return history
+
+
+def _step_metrics(step: int, scored: list[dict], rewards: list[float], accuracy: float, group: int, skipped: int,
+                  mismatch: float, extra: dict) -> dict:
+    """One step's metrics line, rounded to 6 significant digits (not decimals: the sampler/trainer
+    mismatch is ~1e-7 when on-policy)."""
+    n = len(scored)
+    metrics = {
+        "step": step, "critic/rewards/mean": sum(rewards) / n,
+        "answer_f1/mean": accuracy, "format_scores/mean": sum(s["format"] for s in scored) / n,
+        "train/zero_variance_groups": zero_variance_fraction(rewards, group),
+        "train/skipped_nonfinite": skipped, "rollout/logprob_mismatch": mismatch,
+        "rollout/turns_per_episode": sum(s["turns"] for s in scored) / n,
+        "rollout/tokens_planner": sum(s["tokens_planner"] for s in scored) / n,
+        "rollout/tokens_executor": sum(s["tokens_executor"] for s in scored) / n,
+        "rollout/answered": sum(s["status"] == "answered" for s in scored) / n,
+        **extra,
+    }
+    return {k: (float(f"{v:.6g}") if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}

@@ -1,0 +1,183 @@
+"""The loss maths of RED-GRPO: pure functions over tensors, registered by name (docs/ARCHITECTURE.md, "Training").
+
+Shapes: B sequences, T tokens; `mask` is 1 on trained (generated) tokens and 0 on prompts,
+injected results and padding. Nothing here reads trainer state.
+
+Departures and choices, stated once:
+- GRPO advantage uses the unbiased group std (as verl's GRPO does); a group of one sample, or a
+  group whose rewards are all equal, gets advantage 0.
+- `seq-mean-token-sum-norm` divides each sequence's token sum by the horizon T (Dr. GRPO), so the
+  loss does not depend on response-length normalisation.
+- The KL to the reference is the k3 estimator, exp(ref - logp) - (ref - logp) - 1, from
+  J. Schulman, "Approximating KL Divergence" (http://joschu.net/blog/kl-approx.html).
+- RED Part 1 compares changes of EMAs of the *same* estimator (full-distribution token entropy)
+  on RL tokens and SFT tokens; the first step has no change yet and uses w_entropy = 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+EPS = 1e-6
+
+# ---------------------------------------------------------------- advantages
+
+
+def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    if rewards.ndim != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries, got {tuple(rewards.shape)}")
+    return rewards.view(-1, group_size)  # [G, n]
+
+
+def adv_group(rewards: torch.Tensor, group_size: int, eps: float = EPS) -> torch.Tensor:
+    """(r - mean_group) / (std_group + eps). rewards [B] ordered group by group -> [B]."""
+    g = _grouped(rewards, group_size)
+    if group_size == 1:
+        return torch.zeros_like(rewards)
+    centred = g - g.mean(dim=1, keepdim=True)
+    return (centred / (g.std(dim=1, keepdim=True) + eps)).view(-1)
+
+
+def adv_batch(rewards: torch.Tensor, group_size: int, eps: float = EPS) -> torch.Tensor:
+    """(r - mean_group) / (std of the whole batch + eps) -> [B]."""
+    g = _grouped(rewards, group_size)
+    centred = (g - g.mean(dim=1, keepdim=True)).view(-1)
+    std = rewards.std() if rewards.numel() > 1 else torch.zeros(())
+    return centred / (std + eps)
+
+
+def adv_none(rewards: torch.Tensor, group_size: int, eps: float = EPS) -> torch.Tensor:
+    """r - mean_group, no std scaling (Dr. GRPO) -> [B]."""
+    g = _grouped(rewards, group_size)
+    return (g - g.mean(dim=1, keepdim=True)).view(-1)
+
+
+ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {"group": adv_group, "batch": adv_batch, "none": adv_none}
+
+# ---------------------------------------------------------------- aggregation
+
+
+def agg_token_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over all trained tokens of the batch. x, mask [B, T] -> scalar."""
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def agg_seq_mean_token_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over sequences of each sequence's token mean (sequences without tokens count 0)."""
+    per_seq = (x * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
+    return per_seq.mean()
+
+
+def agg_seq_mean_token_sum_norm(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over sequences of each sequence's token sum divided by the horizon T (Dr. GRPO)."""
+    return ((x * mask).sum(-1) / mask.shape[-1]).mean()
+
+
+AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "token-mean": agg_token_mean,
+    "seq-mean-token-mean": agg_seq_mean_token_mean,
+    "seq-mean-token-sum-norm": agg_seq_mean_token_sum_norm,
+}
+
+
+def get(registry: dict, name: str, what: str):
+    if name not in registry:
+        raise KeyError(f"unknown {what} '{name}'; valid: {', '.join(sorted(registry))}")
+    return registry[name]
+
+
+def advantages(name: str, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    return get(ADVANTAGES, name, "advantage scaling")(rewards, group_size)
+
+
+def aggregate(name: str, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return get(AGGREGATIONS, name, "loss aggregation")(x, mask)
+
+# ---------------------------------------------------------------- policy loss, KL, entropy, SFT
+
+
+def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                  clip_low: float, clip_high: float, agg: str) -> tuple[torch.Tensor, dict]:
+    """PPO-clip with asymmetric clipping (clip-higher, DAPO).
+
+    logp, old_logp, mask [B, T]; adv [B] (one advantage per sequence, broadcast over its tokens).
+    Per token: max(-A·r, -A·clip(r, 1-clip_low, 1+clip_high)), r = exp(logp - old_logp).
+    Returns (scalar loss, {"clip_frac", "ratio_mean"}) with stats over trained tokens.
+    """
+    ratio = torch.exp(logp - old_logp)  # [B, T]
+    a = adv[:, None]  # [B, 1]
+    unclipped = -a * ratio
+    clipped = -a * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)  # [B, T]
+    with torch.no_grad():
+        clip_frac = agg_token_mean((clipped > unclipped).float(), mask)
+        ratio_mean = agg_token_mean(ratio, mask)
+    return aggregate(agg, per_token, mask), {"clip_frac": clip_frac.item(), "ratio_mean": ratio_mean.item()}
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || ref): exp(d) - d - 1 with d = ref_logp - logp. [B, T] -> [B, T]."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Full-distribution entropy per position: logsumexp(z) - sum softmax(z)·z. [B, T, V] -> [B, T]."""
+    logits = logits.float()
+    logz = torch.logsumexp(logits, dim=-1)  # [B, T]
+    p = torch.softmax(logits, dim=-1)
+    return logz - (p * logits).sum(-1)
+
+
+def sft_cross_entropy(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Token-mean negative log-likelihood of the target tokens. logp, mask [B, T] -> scalar."""
+    return agg_token_mean(-logp, mask)
+
+
+def gather_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Log-prob of each next token: logits [B, T, V], ids [B, T] -> [B, T-1] for ids[:, 1:]."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # [B, T-1, V]
+    return logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+# ---------------------------------------------------------------- RED weights
+
+
+@dataclass
+class RedState:
+    """Checkpointable RED state: the entropy EMAs and their previous values."""
+
+    ema_sft: float | None = None
+    ema_rl: float | None = None
+    prev_ema_sft: float | None = None
+    prev_ema_rl: float | None = None
+    steps: int = 0
+
+
+def red_update(state: RedState, h_sft: float, h_rl: float, decay_sft: float, decay_rl: float) -> RedState:
+    """A new state with this step's entropies folded into the EMAs (the first value seeds the EMA)."""
+    def ema(old, x, decay):
+        return x if old is None else decay * old + (1 - decay) * x
+    return RedState(ema(state.ema_sft, h_sft, decay_sft), ema(state.ema_rl, h_rl, decay_rl),
+                    state.ema_sft, state.ema_rl, state.steps + 1)
+
+
+def red_weights(state: RedState, batch_accuracy: float, G: float, accuracy_aware: bool,
+                weight_min: float, weight_max: float, eps: float = EPS) -> dict:
+    """RED Part 1 and Part 2 from the state after the latest update.
+
+    w_entropy = clamp(|ΔH_sft| / (|ΔH_rl| + eps), 1, G), ΔH the last step-to-step change of each EMA
+    (1 while there is no change yet); w_acc = G^(1 - 2·acc) if accuracy_aware else 1;
+    final = clamp(w_entropy · w_acc, weight_min, weight_max).
+    """
+    if state.prev_ema_sft is None or state.prev_ema_rl is None:
+        w_entropy = 1.0
+    else:
+        d_sft = abs(state.ema_sft - state.prev_ema_sft)
+        d_rl = abs(state.ema_rl - state.prev_ema_rl)
+        w_entropy = min(max(d_sft / (d_rl + eps), 1.0), max(G, 1.0))
+    w_acc = G ** (1 - 2 * batch_accuracy) if accuracy_aware else 1.0
+    final = min(max(w_entropy * w_acc, weight_min), weight_max)
+    return {"red/entropy_weight": w_entropy, "red/accuracy_factor": w_acc, "red/final_weight": final,
+            "red/batch_accuracy": batch_accuracy}

@@ -1,0 +1,56 @@
+"""The trained policy: loading it (LoRA or full fine-tuning), its log-probs, and the SFT loss.
+
+`sft_loss` is the one SFT cross-entropy of the project, used by the SFT warmup (04) and by the SFT
+term of RED-GRPO (05): the token-mean negative log-likelihood over positions whose mask is 1 (a
+role's own generated tokens). Prompts, injected results and padding contribute nothing
+(tests/test_losses.py checks this as an invariance).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from utils.core.schema import LoraConfig
+from utils.core.tensors import pad
+from utils.agent.episode import Example
+from utils.train.losses import gather_logprobs, sft_cross_entropy, token_entropy
+
+
+def load_policy(base_path: Path, lora: LoraConfig, dtype: str = "float32", adapter: Path | None = None,
+                trainable: bool = True):
+    """The base model wrapped with a (new or loaded) LoRA adapter, or the bare model for full FT."""
+    import torch
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=getattr(torch, dtype))
+    if lora.full_finetune:
+        return model
+    if adapter is not None:
+        return PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
+    cfg = PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                         target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(model, cfg)
+
+
+def forward_logprobs(model, ids, attn, with_entropy: bool = False):
+    """Next-token log-probs [S, T-1] (and entropies [S, T-1]) of `ids` under `model`."""
+    logits = model(input_ids=ids, attention_mask=attn).logits
+    logp = gather_logprobs(logits, ids)
+    return (logp, token_entropy(logits[:, :-1])) if with_entropy else (logp, None)
+
+
+def sft_batch(examples: list[Example], pad_id: int):
+    """(ids [S, T], attention mask [S, T], next-token loss mask [S, T-1]) of right-padded examples."""
+    import torch
+
+    ids, attn = pad([e.ids for e in examples], pad_id, torch.long)
+    mask, _ = pad([e.mask for e in examples], 0, torch.float)
+    return ids, attn, mask[:, 1:]
+
+
+def sft_loss(model, examples: list[Example], pad_id: int):
+    """Token-mean cross-entropy of the examples' masked tokens under `model` (scalar)."""
+    ids, attn, mask = sft_batch(examples, pad_id)
+    logp, _ = forward_logprobs(model, ids, attn)
+    return sft_cross_entropy(logp, mask)

@@ -1,0 +1,89 @@
+"""The RL stage behind `05_train_red_grpo.py` and `06_ablate_grpo_only.py`: one trainer, any method.
+
+Which method runs is the `--algorithm` config (utils/core/methods.py); 05 defaults to red and 06
+to grpo. Outputs go to outputs/<run_id>/<stage>/<method>/: metrics.jsonl (and wandb files,
+offline unless WANDB_API_KEY is set), episodes/step_N.jsonl, ckpt/step_N (resumable),
+final_adapter/ and the manifest. An interrupted run resumes from its newest checkpoint.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from utils.agent.rollout import Codec, Rollout, RolloutSpec
+from utils.agent.traces import read_trace_examples
+from utils.core.checkpoint import save_weights
+from utils.core.cli import parse_stage_args
+from utils.core.config import to_dict
+from utils.core.io import read_jsonl
+from utils.core.manifest import StageRun
+from utils.core.stages import model_dir, output_path, parent, stage_config, stage_dir
+from utils.core.tracking import MetricsLogger
+from utils.reward.spec import read_spec
+from utils.train.policy import load_policy
+
+WANDB_PROJECT = "red-coda"
+
+
+def _summary(method: str, steps: int, resumed: bool, history: list[dict]) -> dict:
+    first, last = history[0], history[-1]
+    return {"method": method, "steps": steps, "resumed": resumed,
+            "reward_first": first.get("critic/rewards/mean"), "reward_last": last.get("critic/rewards/mean"),
+            "accuracy_first": first.get("answer_f1/mean"), "accuracy_last": last.get("answer_f1/mean"),
+            "max_logprob_mismatch": max(m.get("rollout/logprob_mismatch", 0.0) for m in history)}
+
+
+def _inputs(run: StageRun, cfg) -> tuple[Path, Path, Path, Path]:
+    """(SFT adapter, sft_traces.jsonl, train.jsonl, reward_spec.yaml), recorded as the run's inputs."""
+    sft_dir, _ = parent(run, cfg, "04_sft_warmup")
+    traces_dir, _ = parent(run, cfg, "03_generate_sft_traces")
+    _, prepared = parent(run, cfg, "01_prepare_dataset")
+    rewards_dir, _ = parent(run, cfg, "02_build_rewards")
+    paths = (sft_dir / "ckpt_sft" / "best",  # selected by val accuracy
+             traces_dir / "sft_traces.jsonl", output_path(prepared, "/train.jsonl"), rewards_dir / "reward_spec.yaml")
+    for p in paths:
+        run.add_input(p)
+    return paths
+
+
+def run_rl_stage(stage: str, description: str, argv: list[str], default_algorithm: str) -> int:
+    """Parse the stage's flags (adding --algorithm DEFAULT unless given), train, write the manifest."""
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from utils.agent.engines import make_engine
+    from utils.train.grpo_trainer import GrpoTrainer
+
+    argv = list(argv) if "--algorithm" in argv else ["--algorithm", default_algorithm, *argv]
+    cfg, _ = parse_stage_args(description, argv)
+    method = cfg.algorithm.method
+    out = stage_dir(cfg, f"{stage}/{method}")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    with StageRun(f"{stage}/{method}", out, stage_config(cfg, stage), cfg.seed) as run:
+        adapter, traces, train_path, spec_path = _inputs(run, cfg)
+        base = model_dir(cfg)
+        tok = AutoTokenizer.from_pretrained(base)
+        torch.manual_seed(cfg.seed)  # LoRA init draws from torch's RNG
+        model = load_policy(base, cfg.model.lora, cfg.model.dtype, adapter=adapter)
+        engine = make_engine(cfg.model.engine.name, base, cfg.model.engine, cfg.seed)
+        rollout = Rollout(engine, Codec(tok, cfg.model.templates),
+                          RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature))
+        logger = MetricsLogger.create(out / "metrics.jsonl", cfg.wandb_mode, WANDB_PROJECT, f"{cfg.run_id}-{method}",
+                                      to_dict(cfg))
+        trainer = GrpoTrainer(cfg, model, engine, rollout, read_spec(spec_path), read_jsonl(train_path),
+                              read_trace_examples(traces), tok.pad_token_id, out, logger, run.data["config_sha256"])
+        resumed = trainer.try_resume()
+        if resumed:
+            print(f"{stage}: resuming {method} from step {trainer.state.step}")
+        with tqdm(total=cfg.algorithm.rl.steps, initial=trainer.state.step, desc=method, unit="step") as bar:
+            trainer.train(bar)
+        logger.finish()
+        save_weights(model, out / "final_adapter")
+        engine.close()
+        run.add_output(out / "final_adapter")
+        run.add_output(out / "metrics.jsonl")
+        run.metrics.update(_summary(method, trainer.state.step, resumed, read_jsonl(out / "metrics.jsonl")))
+    print(f"{stage}: {method} {trainer.state.step} steps; reward {run.metrics['reward_first']} -> "
+          f"{run.metrics['reward_last']} -> {out / 'final_adapter'}")
+    return 0

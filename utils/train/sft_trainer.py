@@ -1,0 +1,114 @@
+"""The resumable LoRA SFT loop behind `04_sft_warmup.py`.
+
+State that a resume restores (ckpt_sft/last/, written atomically every `save_every` steps): the
+adapter (or full weights), the optimizer, the LR scheduler, python/torch RNG states, the step and
+the data cursor (utils/core/stream.py). The batches of an epoch derive from (seed, epoch), so a
+resumed run sees exactly the batches an uninterrupted one would: no step is lost or repeated,
+and on CPU its losses match. `logs/train.jsonl` is rewritten up to the resumed step first.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from utils.agent.episode import Example
+from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
+from utils.core.schema import WarmupConfig
+from utils.core.stream import Cursor, take
+from utils.core.tracking import MetricsLogger
+from utils.train.policy import sft_loss
+from utils.train.schedule import warmup_cosine
+
+
+def lr_lambda(cfg: WarmupConfig) -> Callable[[int], float]:
+    return lambda step: warmup_cosine(step, cfg.warmup_steps, cfg.steps, cfg.final_lr_ratio)
+
+
+@dataclass
+class LoopState:
+    step: int = 0
+    data: Cursor = field(default_factory=Cursor)
+    best_metric: float | None = None
+    best_step: int | None = None
+    history: list = field(default_factory=list)  # validation results
+
+    @classmethod
+    def from_json(cls, d: dict) -> "LoopState":
+        return cls(**{**d, "data": Cursor(**d["data"])})
+
+
+class SftLoop:
+    def __init__(self, model, examples: list[Example], cfg: WarmupConfig, seed: int, pad_id: int, out_dir: Path,
+                 validate: Callable[[Path, int], dict] | None, config_sha: str):
+        import torch
+
+        self.torch, self.model, self.examples, self.cfg = torch, model, examples, cfg
+        self.seed, self.pad_id, self.out, self.validate, self.config_sha = seed, pad_id, out_dir, validate, config_sha
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg))
+        self.state = LoopState()
+        self.ckpt = out_dir / "ckpt_sft"
+        self.logger = MetricsLogger(out_dir / "logs" / "train.jsonl")
+
+    # ------------------------------------------------------------ checkpoints
+    def save_last(self) -> None:
+        save_checkpoint(self.ckpt / "last", self.model, self.opt, self.sched, asdict(self.state), self.config_sha)
+
+    def try_resume(self) -> bool:
+        """Restore ckpt_sft/last if it belongs to this config; returns whether it resumed."""
+        last = self.ckpt / "last"
+        state = resume_latest([last] if is_checkpoint(last) else [], self.config_sha, self.model, self.opt,
+                              self.sched, self.logger, stale=last)
+        if state is not None:
+            self.state = LoopState.from_json(state)
+        return state is not None
+
+    # ------------------------------------------------------------ loop
+    def _next_batch(self) -> list[Example]:
+        """The next batch of the epoch's (seed, epoch) shuffle; an epoch's last batch may be short."""
+        return take(self.examples, self.cfg.batch_size, str(self.seed), self.state.data, within_epoch=True)
+
+    def _evaluate(self) -> None:
+        if self.validate is None:
+            return
+        result = self.validate(self.ckpt / "eval_current", self.state.step)
+        self.state.history.append({"step": self.state.step, **result})
+        metric = result["accuracy"]
+        if self.state.best_metric is None or metric > self.state.best_metric:
+            self.state.best_metric, self.state.best_step = metric, self.state.step
+            save_weights(self.model, self.ckpt / "best")
+
+    def run(self, progress=None) -> LoopState:
+        torch = self.torch
+        if self.state.step == 0:
+            torch.manual_seed(self.seed)
+        self.model.train()
+        while self.state.step < self.cfg.steps:
+            loss = sft_loss(self.model, self._next_batch(), self.pad_id)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad],
+                                                  self.cfg.max_grad_norm)
+            self.opt.step()
+            self.sched.step()
+            self.state.step += 1
+            self.logger.log({"step": self.state.step, "loss": round(loss.item(), 6),
+                             "grad_norm": round(float(grad), 6), "lr": self.sched.get_last_lr()[0],
+                             "epoch": self.state.data.epoch})
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix(loss=f"{loss.item():.4f}")
+            s = self.state.step
+            if (self.cfg.eval_every and s % self.cfg.eval_every == 0) or s == self.cfg.steps:
+                self.model.eval()
+                self._evaluate()
+                self.model.train()
+            if s % self.cfg.save_every == 0 or s == self.cfg.steps:
+                self.save_last()
+        self.model.eval()
+        save_weights(self.model, self.ckpt / "final")
+        if not (self.ckpt / "best").exists():
+            save_weights(self.model, self.ckpt / "best")
+        return self.state
