@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from utils.eval.compare import config_diff
-from utils.eval.stats import paired_bootstrap
+from utils.eval.stats import holm, mean_ci_across_seeds, paired_bootstrap, verdict
 from utils.core.config import ROOT
 
 FIELDS = ("accuracy", "format", "answered", "reward", "turns", "subtasks", "tokens_planner", "tokens_executor")
@@ -70,10 +70,13 @@ def test_summary_and_report_carry_the_metrics_json_numbers(tmp_path):
                 f"{src['format']:.4f} | {src['answered']:.4f} |")
         assert line in report, line
     # across seeds: red 16/20 and 17/20 -> mean 0.825; grpo 0.5 both seeds
-    assert "| r | red | 2 | 0.8250 |" in report and "| r | grpo | 2 | 0.5000 | 0.0000 |" in report
-    # paired over (seed, item): red - sft_warmup = 33/40 on 40 pairs, clearly significant
-    assert "| r | red − sft_warmup | 40 | 0.8250 |" in report
-    assert "red − sft_warmup = 0.8250 accuracy on 40 shared items" in report and "a significant difference" in report
+    # (t-interval over 2 seeds: 0.825 ± 12.706·0.0354/√2, clipped to [0, 1]; grpo has no spread)
+    assert "| r | red | 2 | 0.8250 | 0.5074–1.0000 | 0.8000 | 0.8500 |" in report
+    assert "| r | grpo | 2 | 0.5000 | 0.5000–0.5000 |" in report
+    # paired over (seed, item), seeds then items: red - sft_warmup = 33/40 on 2 seeds, clearly better
+    assert "| r | red − sft_warmup | 2 | 40 | 0.8250 |" in report
+    assert "red vs sft_warmup: **better** (red − sft_warmup = 0.8250 on 40 shared items over 2 seed(s)" in report
+    assert "red vs grpo: **better**" in report
     assert "`0.0005`" in report and "`0.001`" in report  # the trainer configs differ in algorithm.rl.lr
     for name in ("reward_vs_step", "test_accuracy", "red_dynamics", "time_per_phase"):
         png = out / "plots" / f"{name}.png"
@@ -84,16 +87,43 @@ def test_summary_and_report_carry_the_metrics_json_numbers(tmp_path):
 
 
 def test_paired_bootstrap_on_known_cases():
-    same = paired_bootstrap({i: float(i % 2) for i in range(50)}, {i: float(i % 2) for i in range(50)})
+    same = paired_bootstrap({(1, i): float(i % 2) for i in range(50)}, {(1, i): float(i % 2) for i in range(50)})
     assert same["diff"] == 0.0 and same["p_value"] == 1.0 and not same["significant"]
-    better = paired_bootstrap({i: 1.0 for i in range(30)}, {i: 0.0 for i in range(30)})
+    better = paired_bootstrap({(1, i): 1.0 for i in range(30)}, {(1, i): 0.0 for i in range(30)})
     assert better["diff"] == 1.0 and better["ci95_low"] == 1.0 and better["p_value"] == 0.0 and better["significant"]
     # one discordant pair in 40: the CI touches 0, not significant
-    one = paired_bootstrap({i: float(i == 0) for i in range(40)}, {i: 0.0 for i in range(40)})
+    one = paired_bootstrap({(1, i): float(i == 0) for i in range(40)}, {(1, i): 0.0 for i in range(40)})
     assert one["diff"] == 0.025 and one["ci95_low"] == 0.0 and not one["significant"]
     # only shared keys are paired
-    assert paired_bootstrap({1: 1.0, 2: 1.0}, {2: 0.0, 3: 0.0})["n"] == 1
-    assert paired_bootstrap({1: 1.0}, {2: 0.0})["n"] == 0
+    assert paired_bootstrap({(1, 1): 1.0, (1, 2): 1.0}, {(1, 2): 0.0, (1, 3): 0.0})["n"] == 1
+    assert paired_bootstrap({(1, 1): 1.0}, {(1, 2): 0.0})["n"] == 0
+
+
+def test_paired_bootstrap_carries_seed_to_seed_variance():
+    """Three seeds whose item-level gaps disagree (+0.5, +0.1, -0.3): pooling items as independent
+    would call red better; resampling seeds first widens the CI across zero."""
+    gaps = {1: 10, 2: 2, 3: -6}  # items out of 20 on which red wins (+) or loses (-)
+    a = {(s, i): float(0 <= i < g) for s, g in gaps.items() for i in range(20)}
+    b = {(s, i): float(0 <= i < -g) for s, g in gaps.items() for i in range(20)}
+    seeded = paired_bootstrap(a, b, 4000, 0)
+    assert seeded["seeds"] == 3 and seeded["n"] == 60 and seeded["diff"] == pytest.approx(0.1)
+    assert seeded["ci95_low"] < 0 < seeded["ci95_high"] and not seeded["significant"]
+    pooled = paired_bootstrap({(0, k): v for k, v in a.items()}, {(0, k): v for k, v in b.items()}, 4000, 0)
+    assert pooled["seeds"] == 1 and pooled["ci95_high"] - pooled["ci95_low"] < seeded["ci95_high"] - seeded["ci95_low"]
+
+
+def test_holm_and_verdicts_by_hand():
+    # sorted p: 0.01·4 = 0.04; 0.03·3 = 0.09; 0.04·2 = 0.08 -> kept monotone at 0.09; 0.2·1 = 0.2
+    assert holm([0.01, 0.04, 0.03, 0.2]) == [0.04, 0.09, 0.09, 0.2]
+    assert holm([0.5, 0.001]) == [0.5, 0.002]
+    assert verdict(0.1, 0.01) == "better" and verdict(-0.1, 0.01) == "worse"
+    assert verdict(0.1, 0.2) == "no evidence either way" and verdict(None, None) == "no evidence either way"
+
+
+def test_mean_ci_across_seeds_is_a_t_interval():
+    mean, lo, hi = mean_ci_across_seeds([0.5, 0.6, 0.7])  # sd 0.1, t(2) = 4.303: 0.6 ± 0.2484
+    assert mean == pytest.approx(0.6) and lo == pytest.approx(0.6 - 0.24843, abs=1e-4) and hi == pytest.approx(0.84843, abs=1e-4)
+    assert mean_ci_across_seeds([0.3]) == (0.3, None, None)
 
 
 def test_config_diff_lists_only_differing_keys():

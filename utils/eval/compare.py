@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import glob
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,13 +174,6 @@ def config_diff(configs: dict[str, dict]) -> list[tuple[str, dict]]:
         if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
             rows.append((key, values))
     return rows
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-    return mean, std
 
 
 def fmt(x, digits: int = 4) -> str:

@@ -12,9 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from utils.core.manifest import atomic_write_bytes, rel
-from utils.eval.compare import (PHASES, SUMMARY_FIELDS, Evaluation, Training, config_diff, fmt, mean_std,
-                                method_key)
-from utils.eval.stats import paired_bootstrap
+from utils.eval.compare import PHASES, SUMMARY_FIELDS, Evaluation, Training, config_diff, fmt, method_key
+from utils.eval.stats import holm, mean_ci_across_seeds, paired_bootstrap, verdict
 
 
 def summary_csv(evals: list[Evaluation]) -> str:
@@ -135,7 +134,8 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 
 def comparisons(evals: list[Evaluation], resamples: int, seed: int) -> list[dict]:
-    """Paired bootstrap of red against every other method, per run, pairing (seed, item)."""
+    """Red against every other method, per run: a hierarchical paired bootstrap (training seeds,
+    then test items, paired by (seed, item)), Holm-adjusted over the run's comparisons, and a verdict."""
     by_run = defaultdict(lambda: defaultdict(dict))
     for e in evals:
         by_run[e.run][e.method].update({(e.seed, q): s for q, s in e.scores.items()})
@@ -143,10 +143,15 @@ def comparisons(evals: list[Evaluation], resamples: int, seed: int) -> list[dict
     for run, methods in sorted(by_run.items()):
         if "red" not in methods:
             continue
-        for other in sorted(methods, key=method_key):
-            if other != "red":
-                out.append({"run": run, "a": "red", "b": other,
-                            **paired_bootstrap(methods["red"], methods[other], resamples, seed)})
+        family = [{"run": run, "a": "red", "b": other,
+                   **paired_bootstrap(methods["red"], methods[other], resamples, seed)}
+                  for other in sorted(methods, key=method_key) if other != "red"]
+        tested = [t for t in family if t["p_value"] is not None]
+        for t, p in zip(tested, holm([t["p_value"] for t in tested])):
+            t["p_holm"] = p
+        for t in family:
+            t["verdict"] = verdict(t["diff"], t.get("p_holm"))
+        out += family
     return out
 
 
@@ -185,21 +190,27 @@ def _accuracy_section(evals: list[Evaluation]) -> list[str]:
     if any(len(v) > 1 for v in groups.values()):
         rows = []
         for (run, method), accs in sorted(groups.items(), key=lambda kv: (kv[0][0], method_key(kv[0][1]))):
-            mean, std = mean_std(accs)
-            rows.append([run, method, len(accs), fmt(mean), fmt(std)])
-        lines += ["### Across seeds", "", _table(["run", "method", "seeds", "mean accuracy", "std"], rows), ""]
+            mean, lo, hi = mean_ci_across_seeds(accs)  # accuracy lives in [0, 1]: clip the t-interval
+            rows.append([run, method, len(accs), fmt(mean),
+                         f"{fmt(max(lo, 0.0))}–{fmt(min(hi, 1.0))}" if lo is not None else "—",
+                         fmt(min(accs)), fmt(max(accs))])
+        lines += ["### Across seeds", "", "Mean of the per-seed accuracies with a t-interval over seeds.", "",
+                  _table(["run", "method", "seeds", "mean accuracy", "95% CI", "min", "max"], rows), ""]
     return lines
 
 
 def _paired_section(tests: list[dict], resamples: int) -> list[str]:
     lines = ["## Paired comparison: red vs each other method", ""]
     if tests:
-        lines += [f"Paired bootstrap ({resamples} resamples) of the per-item accuracy difference on the items "
-                  "both methods were evaluated on; significant means the 95% CI of the difference excludes 0.", ""]
-        rows = [[t["run"], f"red − {t['b']}", t["n"], fmt(t["diff"]),
-                 f"{fmt(t['ci95_low'])}–{fmt(t['ci95_high'])}", fmt(t["p_value"]),
-                 "yes" if t["significant"] else "no"] for t in tests]
-        lines += [_table(["run", "difference", "items", "mean diff", "95% CI", "p", "significant"], rows), ""]
+        lines += [f"Hierarchical paired bootstrap ({resamples} resamples): training seeds are resampled, then "
+                  "each drawn seed's test items, pairing the two methods on the same (seed, item); with one seed "
+                  "it covers item sampling only. p-values are two-sided and Holm-adjusted over the comparisons "
+                  "with red in each run; the verdict is at adjusted p < 0.05.", ""]
+        rows = [[t["run"], f"red − {t['b']}", t["seeds"], t["n"], fmt(t["diff"]),
+                 f"{fmt(t['ci95_low'])}–{fmt(t['ci95_high'])}", fmt(t["p_value"]), fmt(t.get("p_holm")),
+                 t["verdict"]] for t in tests]
+        lines += [_table(["run", "difference", "seeds", "items", "mean diff", "95% CI", "p", "p (Holm)",
+                          "red is"], rows), ""]
     else:
         lines += ["No run here evaluated `red`, so there is no paired comparison.", ""]
     return lines
@@ -250,10 +261,10 @@ def _config_section(evals: list[Evaluation], trainings: list[Training], runs: li
 def _caveats(evals: list[Evaluation], trainings: list[Training], tests: list[dict]) -> list[str]:
     out = []
     for t in tests:
-        verdict = ("a significant" if t["significant"] else "no significant") if t["n"] else "no comparable"
         if t["n"]:
-            out.append(f"- {t['run']}: red − {t['b']} = {fmt(t['diff'])} accuracy on {t['n']} shared items "
-                       f"(95% CI {fmt(t['ci95_low'])} to {fmt(t['ci95_high'])}): {verdict} difference.")
+            out.append(f"- {t['run']}: red vs {t['b']}: **{t['verdict']}** (red − {t['b']} = {fmt(t['diff'])} on "
+                       f"{t['n']} shared items over {t['seeds']} seed(s), 95% CI {fmt(t['ci95_low'])} to "
+                       f"{fmt(t['ci95_high'])}, Holm-adjusted p {fmt(t.get('p_holm'))}).")
     seeds = {(e.run, e.method): set() for e in evals}
     for e in evals:
         seeds[(e.run, e.method)].add(e.seed)
