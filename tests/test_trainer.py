@@ -32,7 +32,7 @@ def _trainer(cfg, engine, adapter, tmp_path, base_dir):
     rows = [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])], "meta": {"steps": r["steps"]}}
             for r in generate_rows(DataConfig(n_train=40, n_val=0, n_test=0))["train"]]
     model = load_policy(base_dir, cfg.model.lora, adapter=adapter)
-    ro = Rollout(engine, codec, RolloutSpec(max_turns=4, temperature=1.0))
+    ro = Rollout(engine, codec, RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature))
     return GrpoTrainer(cfg, model, engine, ro, RewardSpec(), rows, gold_examples(rows, codec), tok.pad_token_id,
                        tmp_path, MetricsLogger(tmp_path / "metrics.jsonl"), "sha")
 
@@ -54,6 +54,52 @@ def test_vllm_sampler_stays_on_policy_across_updates(vllm_engine, protocol_adapt
     # the policy really moved (RL and SFT terms), so matching log-probs means the sampler followed it
     after = dict(trainer.model.named_parameters())
     assert any(not torch.equal(before[n], after[n]) for n in before)
+
+
+def test_trainer_and_sampler_agree_at_the_sampling_temperature(vllm_engine, protocol_adapter, tmp_path, base_dir):
+    """At T=0.7 vLLM reports the log-probs of the tempered distribution it sampled from, and the
+    trainer recomputes them at the same T: fp32 noise. A trainer that ignored T would be far off."""
+    import torch
+
+    from utils.train.grpo import build_rl_batch
+    from utils.train.policy import forward_logprobs
+
+    trainer = _trainer(_cfg("algorithm.rl.temperature=0.7", "algorithm.rl.steps=2"), vllm_engine, protocol_adapter,
+                       tmp_path, base_dir)
+    history = trainer.train()
+    assert all(m["rollout/logprob_mismatch"] < MISMATCH_TOL for m in history), history
+    episodes = trainer.rollout.run(trainer.rows[:4], n=4, seed=3)  # the engine serves the trained policy
+    batch = build_rl_batch(episodes, torch.zeros(len(episodes)), trainer.pad_id)
+
+    def mismatch(temperature):
+        with torch.no_grad():
+            lp, _ = forward_logprobs(trainer.model, batch.ids, batch.attn, temperature=temperature)
+        return float(((lp - batch.sampler_lp).abs() * batch.mask).sum() / batch.mask.sum())
+
+    assert mismatch(0.7) < MISMATCH_TOL
+    assert mismatch(1.0) > 100 * MISMATCH_TOL
+
+
+def test_kl_reference_is_the_frozen_sft_start(hf_engine, protocol_adapter, tmp_path, base_dir):
+    """The KL term compares with the adapter RL starts from: zero before the first update, positive
+    after it, while the reference stays frozen and only the trained adapter is saved."""
+    import torch
+
+    from utils.train.policy import REFERENCE, add_reference
+
+    trainer = _trainer(_cfg("algorithm.rl.kl_coef=0.1", "algorithm.rl.steps=2", "algorithm.rl.lr=0.01"), hf_engine,
+                       protocol_adapter, tmp_path, base_dir)
+    add_reference(trainer.model, protocol_adapter)
+    reference = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if f".{REFERENCE}." in n}
+    assert reference and not any(p.requires_grad for n, p in trainer.model.named_parameters() if n in reference)
+    first, second = trainer.train()
+    assert first["actor/kl"] == 0.0  # the policy is the reference at step 1
+    assert second["actor/kl"] > 0.0
+    after = dict(trainer.model.named_parameters())
+    assert all(torch.equal(reference[n], after[n]) for n in reference)  # frozen
+    assert all(p.requires_grad for n, p in after.items() if ".default." in n)  # still trained
+    policy = next((tmp_path / "policy").iterdir())
+    assert (policy / "adapter_model.safetensors").is_file() and not (policy / REFERENCE).exists()
 
 
 def test_a_stale_sampler_is_detected(vllm_engine, protocol_adapter, tmp_path, base_dir, monkeypatch):

@@ -5,8 +5,9 @@
 - `hf`: transformers `generate` with KV cache and left padding; the reference and the fallback.
 
 Both take prompts as token ids (the rollout owns the exact contexts) and return, per prompt and
-sample, a `Sample`: generated ids, text, the sampler's per-token log-probs of the raw model
-distribution (before temperature), and the finish reason ("stop" on a stop string or EOS,
+sample, a `Sample`: generated ids, text, the sampler's per-token log-probs of the distribution it
+sampled from (after temperature: vLLM's `processed_logprobs`; greedy decoding reports the
+untempered distribution), and the finish reason ("stop" on a stop string or EOS,
 "length" on the token budget). Generation stops right after the first stop string; the stop
 string is part of the output.
 
@@ -141,7 +142,9 @@ class HFEngine:
                 top_k=None, pad_token_id=self.pad_id, eos_token_id=self.eos_id, output_logits=True,
                 return_dict_in_generate=True, stop_strings=spec.stop or None, tokenizer=self.tokenizer)
         gen = out.sequences[:, width:]
-        logps = torch.stack([torch.log_softmax(lg.float(), dim=-1) for lg in out.logits], dim=1)  # [B, T, V]
+        scale = 1.0 if greedy else spec.temperature  # the sampled distribution: logits / T (top_p is 1 here)
+        logps = torch.stack([torch.log_softmax(lg.float() if scale == 1.0 else lg.float() / scale, dim=-1)
+                             for lg in out.logits], dim=1)  # [B, T, V]
         samples = []
         for i in range(len(prompts)):
             row = gen[i].tolist()
@@ -173,7 +176,7 @@ class VLLMEngine:
 
         kwargs = dict(model=str(model_path), dtype=cfg.dtype, max_model_len=cfg.max_model_len,
                       gpu_memory_utilization=cfg.memory_share, enforce_eager=cfg.enforce_eager, seed=seed,
-                      max_num_seqs=cfg.max_num_seqs)
+                      max_num_seqs=cfg.max_num_seqs, logprobs_mode="processed_logprobs")
         if enable_lora:
             kwargs.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=cfg.max_loras)
         if cfg.enable_sleep_mode:

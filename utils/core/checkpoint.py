@@ -19,11 +19,18 @@ import torch
 from utils.core.manifest import atomic_write_json
 
 
+def _save_pretrained(model, out_dir: Path) -> None:
+    """The trained weights only: a peft model that also holds a frozen KL reference adapter saves
+    just its active (trained) adapter, so the directory is one adapter that vLLM can serve."""
+    many = len(getattr(model, "peft_config", {})) > 1
+    model.save_pretrained(out_dir, **({"selected_adapters": [model.active_adapter]} if many else {}))
+
+
 def save_weights(model, out_dir: Path) -> None:
     """An adapter (peft) or full-model directory, assembled aside and renamed into place."""
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    _save_pretrained(model, tmp)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)
@@ -33,7 +40,7 @@ def save_checkpoint(final: Path, model, opt, sched, state: dict, config_sha: str
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp / "weights")
+    _save_pretrained(model, tmp / "weights")
     torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict() if sched is not None else None,
                 "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, tmp / "trainer.pt")
     atomic_write_json(tmp / "state.json", {**state, "config_sha256": config_sha})

@@ -99,7 +99,7 @@ class RlConfig:
     clip_high: float = field(0.28, "PPO clip above 1 (clip-higher, as in DAPO).")
     loss_agg: str = field("token-mean", "How per-token losses are averaged.", LOSS_AGGS)
     adv_scaling: str = field("group", "Advantage std scaling (none = Dr. GRPO).", ADV_SCALINGS)
-    kl_coef: float = field(0.0, "k3 KL coefficient to the adapter-disabled base.")
+    kl_coef: float = field(0.0, "k3 KL coefficient to the reference: the SFT warmup adapter RL starts from.")
     entropy_coef: float = field(0.0, "beta: entropy bonus.")
     ppo_epochs: int = field(1, "Optimizer passes per rollout batch.")
     weight_decay: float = field(0.0, "AdamW weight decay of the RL optimizer.")

@@ -11,8 +11,10 @@
 
 Departures from the seed, stated once: the PPO "old" log-probs are the trainer's recomputation
 (the sampler's log-probs are compared with them and the mean absolute difference is logged as
-`rollout/logprob_mismatch`, so a stale sampler is visible); the KL reference is the base model
-with the LoRA adapter disabled.
+`rollout/logprob_mismatch`, so a stale sampler is visible). All policy log-probs (old, new, KL
+reference) are of the tempered distribution the rollout sampled from, logits / T. The KL reference
+is the policy RL starts from: the SFT warmup adapter, frozen (`add_reference`), not the bare base,
+which does not know the protocol; its log-probs are computed once per step with the old ones.
 """
 from __future__ import annotations
 
@@ -58,18 +60,19 @@ class LossTerms:
 
 
 def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor, sft: tuple | None, alg, red_state,
-                  batch_accuracy: float) -> LossTerms:
-    """L = L_GRPO − β·H_rl + w·α·L_SFT + kl_coef·KL, with every term's value in `stats`."""
+                  batch_accuracy: float, ref_lp: torch.Tensor | None = None) -> LossTerms:
+    """L = L_GRPO − β·H_rl + w·α·L_SFT + kl_coef·KL, with every term's value in `stats`. `ref_lp`
+    [S, T-1] are the KL reference's log-probs of the batch (needed when kl_coef > 0)."""
     rl = alg.rl
-    logp, ent = forward_logprobs(model, batch.ids, batch.attn, with_entropy=True)
+    logp, ent = forward_logprobs(model, batch.ids, batch.attn, with_entropy=True, temperature=rl.temperature)
     pg, pg_stats = ppo_clip_loss(logp, old_lp, batch.adv, batch.mask, rl.clip_low, rl.clip_high, rl.loss_agg)
     h_rl = aggregate("token-mean", ent, batch.mask)
     loss = pg - rl.entropy_coef * h_rl
     stats = {"actor/pg_loss": pg.item(), "actor/rl_entropy": h_rl.item(), "actor/clip_frac": pg_stats["clip_frac"],
              "actor/ratio_mean": pg_stats["ratio_mean"]}
     if rl.kl_coef > 0:
-        with torch.no_grad(), model.disable_adapter():
-            ref_lp, _ = forward_logprobs(model, batch.ids, batch.attn)
+        if ref_lp is None:
+            raise ValueError("algorithm.rl.kl_coef > 0 needs the reference log-probs (add_reference)")
         kl = aggregate(rl.loss_agg, k3_kl(logp, ref_lp), batch.mask)
         loss = loss + rl.kl_coef * kl
         stats["actor/kl"] = kl.item()

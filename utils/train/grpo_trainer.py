@@ -24,7 +24,7 @@ from utils.core.stream import Cursor, take
 from utils.reward.spec import score_episodes
 from utils.train.grpo import build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
 from utils.train.losses import RedState, aggregate, red_update, sft_cross_entropy
-from utils.train.policy import forward_logprobs, sft_batch
+from utils.train.policy import forward_logprobs, reference_logprobs, sft_batch
 
 
 @dataclass
@@ -115,7 +115,20 @@ class GrpoTrainer:
                 "actor/sft_entropy": round(aggregate("token-mean", ent.detach(), mask).item(), 6),
                 "train/skipped_nonfinite": skipped, **timings}
 
-    def _update(self, batch, old_lp, accuracy: float) -> tuple[dict, int]:
+    def _fixed_logprobs(self, batch) -> tuple:
+        """(old, reference) log-probs of the batch: the policy the sampler served and, when the KL term
+        is on, the frozen reference; in eval mode, so dropout does not perturb them."""
+        if batch is None:
+            return None, None
+        rl = self.alg.rl
+        self.model.eval()
+        with torch.no_grad():
+            old_lp, _ = forward_logprobs(self.model, batch.ids, batch.attn, temperature=rl.temperature)
+        ref_lp = reference_logprobs(self.model, batch.ids, batch.attn, rl.temperature) if rl.kl_coef > 0 else None
+        self.model.train()
+        return old_lp, ref_lp
+
+    def _update(self, batch, old_lp, accuracy: float, ref_lp=None) -> tuple[dict, int]:
         """The optimizer step(s) on L_GRPO − β·H + w·α·L_SFT, then the RED state update: (stats, skipped)."""
         sft = None
         if self.alg.sft.enabled and self.sft_examples:
@@ -125,7 +138,7 @@ class GrpoTrainer:
         for _ in range(self.alg.rl.ppo_epochs):
             if batch is None:
                 break
-            terms = red_grpo_loss(self.model, batch, old_lp, sft, self.alg, red, accuracy)
+            terms = red_grpo_loss(self.model, batch, old_lp, sft, self.alg, red, accuracy, ref_lp)
             stats = terms.stats
             skipped, grad = self._optimize(terms.loss)
             if skipped:
@@ -153,12 +166,11 @@ class GrpoTrainer:
         timings["time/scoring"] = time.time() - t0
         t0 = time.time()
         batch = build_rl_batch(episodes, adv, self.pad_id)
-        with torch.no_grad():
-            old_lp, _ = forward_logprobs(self.model, batch.ids, batch.attn) if batch else (None, None)
+        old_lp, ref_lp = self._fixed_logprobs(batch)
         mismatch = ((old_lp - batch.sampler_lp).abs() * batch.mask).sum() / batch.mask.sum() if batch else torch.tensor(0.)
         timings["time/logprobs"] = time.time() - t0
         t0 = time.time()
-        stats, skipped = self._update(batch, old_lp, accuracy)
+        stats, skipped = self._update(batch, old_lp, accuracy, ref_lp)
         timings["time/update"] = time.time() - t0
         self.state.step += 1
         timings["time/weight_sync"] = self.sync_policy()

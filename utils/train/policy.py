@@ -7,8 +7,10 @@ role's own generated tokens). Prompts, injected results and padding contribute n
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
+from utils.core.config import ConfigError
 from utils.core.schema import LoraConfig
 from utils.core.tensors import pad
 from utils.agent.episode import Example
@@ -33,10 +35,44 @@ def load_policy(base_path: Path, lora: LoraConfig, dtype: str = "float32", adapt
     return get_peft_model(model, cfg)
 
 
-def forward_logprobs(model, ids, attn, with_entropy: bool = False):
-    """Next-token log-probs [S, T-1] (and entropies [S, T-1]) of `ids` under `model`."""
+REFERENCE = "reference"  # the peft adapter name of the frozen KL reference
+
+
+def add_reference(model, adapter: Path) -> None:
+    """Load `adapter` beside the trained one as the frozen KL reference (the SFT warmup adapter)."""
+    if not hasattr(model, "load_adapter"):
+        raise ConfigError("algorithm.rl.kl_coef > 0 needs a LoRA policy: the reference is a frozen adapter "
+                         "(model.lora.full_finetune=true has none)")
+    model.load_adapter(str(adapter), adapter_name=REFERENCE, is_trainable=False)
+
+
+@contextmanager
+def _serving(model, adapter: str):
+    """Make `adapter` the active one for the block. peft's set_adapter also flips requires_grad,
+    so the block must not build a graph; the trained adapter is active and trainable again after."""
+    active = model.active_adapter
+    model.set_adapter(adapter)
+    try:
+        yield
+    finally:
+        model.set_adapter(active)
+
+
+def reference_logprobs(model, ids, attn, temperature: float = 1.0):
+    """Log-probs [S, T-1] of `ids` under the frozen reference adapter (no gradient)."""
+    import torch
+
+    with torch.no_grad(), _serving(model, REFERENCE):
+        logp, _ = forward_logprobs(model, ids, attn, temperature=temperature)
+    return logp
+
+
+def forward_logprobs(model, ids, attn, with_entropy: bool = False, temperature: float = 1.0):
+    """Next-token log-probs [S, T-1] of `ids` under `model` at the sampling `temperature` (logits / T:
+    the distribution the sampler drew from), and optionally the entropies [S, T-1] of the untempered
+    distribution (the one estimator RED compares on RL and SFT tokens)."""
     logits = model(input_ids=ids, attention_mask=attn).logits
-    logp = gather_logprobs(logits, ids)
+    logp = gather_logprobs(logits if temperature == 1.0 else logits / temperature, ids)
     return (logp, token_entropy(logits[:, :-1])) if with_entropy else (logp, None)
 
 

@@ -19,7 +19,7 @@ from utils.core.manifest import StageRun
 from utils.core.stages import model_dir, output_path, parent, stage_config, stage_dir
 from utils.core.tracking import MetricsLogger
 from utils.reward.spec import read_spec
-from utils.train.policy import load_policy
+from utils.train.policy import add_reference, load_policy
 
 WANDB_PROJECT = "red-coda"
 
@@ -66,6 +66,8 @@ def run_rl_stage(stage: str, description: str, argv: list[str], default_algorith
         tok = AutoTokenizer.from_pretrained(base)
         torch.manual_seed(cfg.seed)  # LoRA init draws from torch's RNG
         model = load_policy(base, cfg.model.lora, cfg.model.dtype, adapter=adapter)
+        if cfg.algorithm.rl.kl_coef > 0:
+            add_reference(model, adapter)  # the KL reference is where RL starts: the SFT warmup adapter
         engine = make_engine(cfg.model.engine.name, base, cfg.model.engine, cfg.seed)
         rollout = Rollout(engine, Codec(tok, cfg.model.templates),
                           RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature))
