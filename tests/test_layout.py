@@ -96,7 +96,8 @@ def test_docs_cite_only_files_in_the_repository():
     import re
 
     missing = []
-    for path in _python_files() + sorted(ROOT.glob("*.md")) + sorted((ROOT / "docs").glob("*.md")):
+    texts = [*ROOT.glob("*.md"), *(ROOT / "docs").glob("*.md"), *ROOT.glob("*.sh"), *(ROOT / "configs").rglob("*.yaml")]
+    for path in _python_files() + sorted(texts):
         for cited in re.findall(r"(?<![\w/.])((?:docs|utils|tests|benchmarks|configs)/[\w/.-]+\.(?:py|md|yaml))",
                                 path.read_text()):
             if not (ROOT / cited).exists():
