@@ -101,6 +101,20 @@ def test_masked_tokens_cannot_change_the_loss_or_its_gradients(agg):
     assert torch.all(a.grad[MASK == 0] == 0)
 
 
+def test_masked_tokens_cannot_change_the_sft_loss_or_its_gradients():
+    torch.manual_seed(3)
+    a = torch.randn(2, 4, requires_grad=True)
+    b = a.detach().clone()
+    b[MASK == 0] += torch.randn(int((MASK == 0).sum())) * 5  # change only masked positions
+    b.requires_grad_(True)
+    la, lb = sft_cross_entropy(a, MASK), sft_cross_entropy(b, MASK)
+    la.backward()
+    lb.backward()
+    assert la.item() == pytest.approx(lb.item(), abs=1e-7)
+    torch.testing.assert_close(a.grad, b.grad)
+    assert torch.all(a.grad[MASK == 0] == 0)
+
+
 def test_k3_kl_by_hand():
     # d = ref - logp = [0, ln 2]: k3 = [0, 2 - ln2 - 1]
     kl = k3_kl(torch.tensor([[0.0, 0.0]]), torch.tensor([[0.0, math.log(2)]]))

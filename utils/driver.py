@@ -60,7 +60,7 @@ REPORT = Step("08_compare_runs", "08_compare_runs")
 def expected_sha(step: Step, common: list[str]) -> tuple[str, object]:
     """(the config hash the step's manifest would record if it ran now, its config)."""
     cfg, _ = parse_stage_args("", common + (["--algorithm", step.algorithm] if step.algorithm else []))
-    if step is REPORT or step.script == REPORT.script:  # its settings list the evaluations it would read now
+    if step.script == REPORT.script:  # its settings list the evaluations it would read now
         return config_sha256(compare_settings(cfg, [], DEFAULT_RESAMPLES)), cfg
     settings = stage_config(cfg, step.script)
     if step.checkpoint:  # 07 hashes its evaluation flags beside the config slice

@@ -105,7 +105,7 @@ def episode_from_trace(trace: Trace, codec: Codec, context: str | None = None) -
 
 def examples_from_trace(trace: Trace, codec: Codec, context: str | None = None) -> list[Example]:
     """Per-role training examples with the exact ids a rollout would produce for this episode."""
-    return [Example(e.qid, e.role, e.ids, e.mask) for e in episode_sequences(episode_from_trace(trace, codec, context))]
+    return episode_sequences(episode_from_trace(trace, codec, context))
 
 
 def trace_from_episode(ep: Episode) -> tuple[Trace, list[Example]]:
@@ -115,7 +115,7 @@ def trace_from_episode(ep: Episode) -> tuple[Trace, list[Example]]:
     tasks = [extract_tag(s.text, TASK) or "" for s in planner[:len(execs)]]
     trace = Trace(ep.qid, ep.question, [s.text for s in planner], list(zip(tasks, [s.text for s in execs])),
                   [], ep.final_answer or "")
-    return trace, [Example(e.qid, e.role, e.ids, e.mask) for e in episode_sequences(ep)]
+    return trace, episode_sequences(ep)
 
 
 def trace_record(trace: Trace, examples: list[Example], source: str) -> dict:

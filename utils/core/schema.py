@@ -22,6 +22,7 @@ LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")  # 
 ADV_SCALINGS = ("group", "batch", "none")  # utils/train/losses.py ADVANTAGES
 SCORER_NAMES = ("em", "f1", "cem", "numeric")  # utils/reward/scorers.py SCORERS
 ADAPTER_NAMES = ("synthetic_arith", "gsm8k", "finqa", "hotpotqa")  # utils/data/adapters.py ADAPTERS
+LEAKAGE_POLICIES = ("drop_from_train", "warn", "error")  # utils/data/prepare.py
 
 
 @dataclass
@@ -129,7 +130,7 @@ class DataConfig:
                             "when the source has no val split.")
     n_test: int = field(200, "Synthetic: questions to generate. Real data: cap, or rows carved when the "
                              "source has no test split.")
-    on_leakage: str = field("drop_from_train", "A val/test question also in train.", ("drop_from_train", "warn", "error"))
+    on_leakage: str = field("drop_from_train", "A val/test question also in train.", LEAKAGE_POLICIES)
     min_steps: int = field(2, "Fewest subtasks per problem (synthetic only).")
     max_steps: int = field(3, "Most subtasks per problem (synthetic only).")
     ops: list[str] = field(["+", "-"], "Operators (synthetic only).")

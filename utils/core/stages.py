@@ -19,7 +19,6 @@ from utils.core.io import DataError
 from utils.core.manifest import MANIFEST_NAME, StageRun
 from utils.core.schema import RunConfig, repo_path
 
-_MODEL_ROLLOUT = ("model", "algorithm.rl.max_turns", "seed")
 # stage -> the config keys it reads (08's settings are the evaluations it finds: utils/eval/compare.py)
 CONFIG_KEYS: dict[str, tuple[str, ...]] = {
     "00_check_data": ("data",),
@@ -31,7 +30,7 @@ CONFIG_KEYS: dict[str, tuple[str, ...]] = {
     "04_sft_warmup": ("model", "warmup", "algorithm.rl.max_turns", "seed", "threads"),
     "05_train_red_grpo": ("model", "algorithm", "seed", "threads"),
     "06_ablate_grpo_only": ("model", "algorithm", "seed", "threads"),
-    "07_evaluate": _MODEL_ROLLOUT,
+    "07_evaluate": ("model", "algorithm.rl.max_turns", "seed"),
 }
 STAGES = (*CONFIG_KEYS, "08_compare_runs")
 

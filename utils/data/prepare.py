@@ -57,8 +57,6 @@ def prepare_splits(raw: dict[str, list[Row]], cfg: DataConfig) -> tuple[dict[str
     if "val" not in splits:
         splits["train"], splits["val"] = _carve(splits["train"], cfg.n_val, rng, "val")
         stats["carved"]["val"] = f"{len(splits['val'])} rows from train"
-    if cfg.on_leakage not in ("drop_from_train", "warn", "error"):
-        raise PrepareError(f"data.on_leakage: expected drop_from_train | warn | error, got '{cfg.on_leakage}'")
     for src, held in (("train", ["val", "test"]), ("val", ["test"])):
         kept, dropped = _drop_leaks(splits[src], [r for h in held for r in splits[h]])
         if dropped and cfg.on_leakage == "error":

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import yaml
 
-from utils.core.config import field, from_dict, read_yaml, to_dict
 from utils.agent.episode import Episode
+from utils.agent.protocol import EXECUTOR, PLANNER
+from utils.core.config import field, from_dict, read_yaml, to_dict
 from utils.core.manifest import atomic_write_text
-from utils.reward.scorers import answer_score, composite
 from utils.core.schema import RewardConfig, RunConfig
+from utils.reward.scorers import answer_score, composite
 
 FORMULA = "answer_scale*score + answer_shift + format_weight*format - efficiency_weight*max(0, tokens/efficiency_budget - 1)"
 
@@ -68,6 +69,6 @@ def score_episodes(episodes: list[Episode], spec: RewardSpec) -> list[dict]:
         out.append({"qid": ep.qid, "sample": ep.sample, "status": ep.status, "error": ep.error,
                     "prediction": ep.final_answer, "golds": ep.golds, "reward": reward, **comps,
                     "turns": ep.n_turns, "subtasks": ep.n_subtasks,
-                    "tokens_planner": ep.n_generated("planner"), "tokens_executor": ep.n_generated("executor"),
+                    "tokens_planner": ep.n_generated(PLANNER), "tokens_executor": ep.n_generated(EXECUTOR),
                     "transcript": ep.transcript})
     return out

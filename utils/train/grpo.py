@@ -24,8 +24,8 @@ import torch
 
 from utils.agent.episode import Episode, episode_sequences
 from utils.core.tensors import pad
-from utils.train.losses import aggregate, advantages, k3_kl, ppo_clip_loss, red_weights, sft_cross_entropy
-from utils.train.policy import forward_logprobs
+from utils.train.losses import aggregate, advantages, k3_kl, ppo_clip_loss, red_weights
+from utils.train.policy import forward_logprobs, sft_terms
 
 
 @dataclass
@@ -77,10 +77,7 @@ def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor, sft: tuple | None
         loss = loss + rl.kl_coef * kl
         stats["actor/kl"] = kl.item()
     if sft is not None:
-        s_ids, s_attn, s_mask = sft
-        s_lp, s_ent = forward_logprobs(model, s_ids, s_attn, with_entropy=True)
-        l_sft = sft_cross_entropy(s_lp, s_mask)
-        h_sft = aggregate("token-mean", s_ent, s_mask)
+        l_sft, h_sft = sft_terms(model, sft, with_entropy=True)
         w = red_weights(red_state, batch_accuracy, alg.red.G, alg.red.accuracy_aware_policy_shift,
                         alg.red.weight_min, alg.red.weight_max)
         loss = loss + w["red/final_weight"] * alg.sft.loss_coef * l_sft

@@ -4,8 +4,8 @@ Checkpoints (`ckpt/step_N/`, every `save_freq` steps, last `keep_last` kept) are
 temporary name and renamed, and hold everything a resume restores: the adapter, the optimizer,
 torch/python RNG states, the RED state, the question and SFT data cursors and the step (the RL
 learning rate is constant: there is no scheduler). Rollout randomness derives from (seed, step,
-index), so a resumed run on CPU reproduces an uninterrupted one. A non-finite loss or gradient skips the optimizer step (logged as
-`train/skipped_nonfinite`) and never reaches a checkpoint.
+index), so a resumed run on CPU reproduces an uninterrupted one. A non-finite loss or gradient
+skips the optimizer step (logged as `train/skipped_nonfinite`) and never reaches a checkpoint.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint,
 from utils.core.stream import Cursor, take
 from utils.reward.spec import score_episodes
 from utils.train.grpo import build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
-from utils.train.losses import RedState, aggregate, red_update, sft_cross_entropy
-from utils.train.policy import forward_logprobs, reference_logprobs, sft_batch
+from utils.train.losses import RedState, red_update
+from utils.train.policy import forward_logprobs, reference_logprobs, sft_batch, sft_terms
 
 
 @dataclass
@@ -105,14 +105,13 @@ class GrpoTrainer:
     def sft_only_step(self) -> dict:
         """Method `sft`: the same optimizer on α·L_SFT alone, no rollouts (the no-RL ablation)."""
         t0 = time.time()
-        ids, attn, mask = sft_batch(self._sft_examples(), self.pad_id)
-        logp, ent = forward_logprobs(self.model, ids, attn, with_entropy=True)
-        loss = self.alg.sft.loss_coef * sft_cross_entropy(logp, mask)
+        l_sft, h_sft = sft_terms(self.model, sft_batch(self._sft_examples(), self.pad_id), with_entropy=True)
+        loss = self.alg.sft.loss_coef * l_sft
         skipped, _ = self._optimize(loss)
         self.state.step += 1
         timings = {"time/update": time.time() - t0, "time/weight_sync": self.sync_policy()}
         return {"step": self.state.step, "actor/sft_loss": round(loss.item() / max(self.alg.sft.loss_coef, 1e-12), 6),
-                "actor/sft_entropy": round(aggregate("token-mean", ent.detach(), mask).item(), 6),
+                "actor/sft_entropy": round(h_sft.item(), 6),
                 "train/skipped_nonfinite": skipped, **timings}
 
     def _fixed_logprobs(self, batch) -> tuple:

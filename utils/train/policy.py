@@ -1,9 +1,10 @@
 """The trained policy: loading it (LoRA or full fine-tuning), its log-probs, and the SFT loss.
 
-`sft_loss` is the one SFT cross-entropy of the project, used by the SFT warmup (04) and by the SFT
-term of RED-GRPO (05): the token-mean negative log-likelihood over positions whose mask is 1 (a
-role's own generated tokens). Prompts, injected results and padding contribute nothing
-(tests/test_losses.py checks this as an invariance).
+`sft_terms` is the one SFT objective of the project, used by the SFT warmup (04, through
+`sft_loss`), by the SFT term of RED-GRPO and by the no-RL `sft` method (05): the token-mean negative
+log-likelihood over positions whose mask is 1 (a role's own generated tokens), and on request the
+token-mean entropy there. Prompts, injected results and padding contribute nothing
+(tests/test_losses.py checks `sft_cross_entropy` for this as an invariance).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from utils.core.config import ConfigError
 from utils.core.schema import LoraConfig
 from utils.core.tensors import pad
 from utils.agent.episode import Example
-from utils.train.losses import gather_logprobs, sft_cross_entropy, token_entropy
+from utils.train.losses import aggregate, gather_logprobs, sft_cross_entropy, token_entropy
 
 
 def load_policy(base_path: Path, lora: LoraConfig, dtype: str = "float32", adapter: Path | None = None,
@@ -85,8 +86,14 @@ def sft_batch(examples: list[Example], pad_id: int):
     return ids, attn, mask[:, 1:]
 
 
+def sft_terms(model, batch, with_entropy: bool = False):
+    """(token-mean cross-entropy of an `sft_batch`'s masked tokens under `model`, and their token-mean
+    entropy if asked, else None): scalars."""
+    ids, attn, mask = batch
+    logp, ent = forward_logprobs(model, ids, attn, with_entropy=with_entropy)
+    return sft_cross_entropy(logp, mask), (aggregate("token-mean", ent, mask) if with_entropy else None)
+
+
 def sft_loss(model, examples: list[Example], pad_id: int):
     """Token-mean cross-entropy of the examples' masked tokens under `model` (scalar)."""
-    ids, attn, mask = sft_batch(examples, pad_id)
-    logp, _ = forward_logprobs(model, ids, attn)
-    return sft_cross_entropy(logp, mask)
+    return sft_terms(model, sft_batch(examples, pad_id))[0]
