@@ -92,6 +92,20 @@ def test_sampling_is_seeded_per_request(vllm_engine, base_dir):
     assert [s.token_ids for s in one[0]] != [s.token_ids for s in one[1]]  # another seed differs
 
 
+def test_a_large_seeded_batch_samples_on_cpu(vllm_engine, base_dir):
+    """More prompt tokens than vLLM's default per-step budget: without a budget that fits every
+    sequence whole, vLLM chunks a seeded prefill and its CPU sampler crashes ("CPU Generator does
+    not use offset"); this is the shape of a 100-question x 8-sample validation probe."""
+    from utils.agent.engines import SamplingSpec
+
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    vllm_engine.set_adapter(None)
+    prompts = [tok.encode(f"compute: {a}+{a % 50}-{a % 7}+{a % 11}-{a % 13}+{a % 17}\n" * 2) for a in range(400)]
+    assert sum(map(len, prompts)) * 2 > 16384  # well past vLLM's default budget on CPU
+    out = vllm_engine.generate(prompts, SamplingSpec(max_tokens=4, temperature=1.0, n=2), list(range(400)))
+    assert len(out) == 400 and all(len(o) == 2 and 1 <= len(o[0].token_ids) <= 4 for o in out)
+
+
 def test_unknown_engine_name_lists_valid_ones(base_dir):
     from utils.agent.engines import make_engine
     from utils.core.schema import EngineConfig

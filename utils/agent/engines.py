@@ -177,6 +177,12 @@ class VLLMEngine:
         kwargs = dict(model=str(model_path), dtype=cfg.dtype, max_model_len=cfg.max_model_len,
                       gpu_memory_utilization=cfg.memory_share, enforce_eager=cfg.enforce_eager, seed=seed,
                       max_num_seqs=cfg.max_num_seqs, logprobs_mode="processed_logprobs")
+        if not _cuda_available():
+            # vLLM's CPU sampler cannot rewind a seeded request's generator after a chunked prefill
+            # ("CPU Generator does not use offset", a crash once a batch's prompts exceed the token
+            # budget, e.g. 100 questions x 8 samples). A budget that fits every scheduled sequence
+            # whole means no prefill is ever chunked.
+            kwargs["max_num_batched_tokens"] = cfg.max_num_seqs * cfg.max_model_len
         if enable_lora:
             kwargs.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=cfg.max_loras)
         if cfg.enable_sleep_mode:
@@ -239,6 +245,12 @@ class VLLMEngine:
 
     def close(self) -> None:
         del self.llm
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 ENGINES = {"hf": HFEngine, "vllm": VLLMEngine}
