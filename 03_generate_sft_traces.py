@@ -4,6 +4,9 @@ Sources (traces.source): `gold` (the task's own decomposition, the default for s
 `solution` (a worked solution's "expr = number" lines become subtasks and results, e.g. GSM8K),
 `teacher` (episodes sampled from a teacher through the rollout engine, kept only when the reward
 spec judges the final answer correct: rejection sampling, with the acceptance rate reported).
+`traces.max_subtasks` keeps only traces with at most that many subtasks (the default task's "recall
+vs extend" regime: demonstrations cover shorter chains than the RL questions and the test split), and
+`traces.max_traces` caps how many are written, in train order (scarce expert traces).
 Each trace is split into per-role examples of exact token ids with loss masks, in the same
 protocol and templates the rollouts use. Also writes stats.json.
 """
@@ -23,7 +26,7 @@ from utils.reward.spec import read_spec, score_answer
 STAGE = "03_generate_sft_traces"
 
 
-def _teacher(cfg, rows, spec, codec):
+def _teacher(cfg, rows, spec, codec, wanted):
     from utils.agent.engines import make_engine
 
     path = model_dir(cfg, cfg.traces.teacher_path or None)
@@ -32,6 +35,8 @@ def _teacher(cfg, rows, spec, codec):
     ro = Rollout(engine, codec, RolloutSpec.from_config(cfg, cfg.traces.teacher_temperature))
     kept, sampled, size = [], 0, cfg.traces.teacher_batch
     for start in tqdm(range(0, len(rows), size), desc="teacher rollouts", unit="batch"):
+        if len(kept) >= wanted:
+            break
         chunk = rows[start:start + size]
         episodes = ro.run(chunk, n=cfg.traces.teacher_samples, seed=cfg.seed, step=start)
         sampled += len(episodes)
@@ -39,10 +44,17 @@ def _teacher(cfg, rows, spec, codec):
         for ep in episodes:  # keep the first correct episode per question
             _, comps = score_answer(spec, ep.question, ep.final_answer, ep.golds, ep.format_score, 0)
             if ep.status == "answered" and comps["answer"] == 1.0 and ep.qid not in done:
-                done.add(ep.qid)
-                kept.append(trace_from_episode(ep))
+                trace, examples = trace_from_episode(ep)
+                if _usable(cfg, trace):
+                    done.add(ep.qid)
+                    kept.append((trace, examples))
     engine.close()
     return kept, sampled
+
+
+def _usable(cfg, trace) -> bool:
+    """traces.max_subtasks keeps only traces with that many subtasks or fewer (0 = all)."""
+    return not cfg.traces.max_subtasks or len(trace.executor_calls) <= cfg.traces.max_subtasks
 
 
 def main(argv=None) -> int:
@@ -56,16 +68,17 @@ def main(argv=None) -> int:
         train = output_path(prepared, "/train.jsonl")
         run.add_input(train)
         rows = read_jsonl(train)
-        if cfg.traces.max_traces:
-            rows = rows[:cfg.traces.max_traces]
+        wanted = cfg.traces.max_traces or len(rows)
         codec = Codec(AutoTokenizer.from_pretrained(model_dir(cfg)), cfg.model.templates)
         source = cfg.traces.source
         if source == "teacher":
-            pairs, sampled = _teacher(cfg, rows, read_spec(rewards_dir / "reward_spec.yaml"), codec)
+            pairs, sampled = _teacher(cfg, rows, read_spec(rewards_dir / "reward_spec.yaml"), codec, wanted)
         else:  # gold | solution: the config accepts no other source
             traces = [(row, trace_from_row(row, source)) for row in rows]
-            pairs = [(t, examples_from_trace(t, codec, row.get("context"))) for row, t in traces if t is not None]
+            pairs = [(t, examples_from_trace(t, codec, row.get("context"))) for row, t in traces
+                     if t is not None and _usable(cfg, t)]
             sampled = 0
+        pairs = pairs[:wanted]
         if not pairs:
             raise StageError(f"no usable traces from {len(rows)} rows of {train} with source '{source}'")
         records = [trace_record(t, ex, source) for t, ex in pairs]

@@ -1,6 +1,6 @@
 """07_evaluate: evaluate a checkpoint on test.jsonl with greedy Planner/Executor rollouts.
 
---checkpoint base | sft_warmup | red | grpo | fixed_sft | sft (or a path to a peft adapter dir):
+--checkpoint base | sft_warmup | red | grpo | fixed_sft | matched_sft | sft (or a path to a peft adapter dir):
 the bare base model, 04's adapter, or a method's final adapter (names from utils/core/methods.py).
 Writes outputs/<run_id>/07_evaluate/<checkpoint>/: metrics.json (accuracy under the spec's scorer
 with a bootstrap 95% CI, format compliance, turns and subtasks per episode, tokens per role,

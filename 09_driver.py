@@ -1,10 +1,11 @@
 """09_driver: run the whole chain for one or more methods and seeds.
 
-    python 09_driver.py --method red|grpo|fixed_sft|sft|all [--run_id run_001] [--seeds 1,2,3]
+    python 09_driver.py --method red|grpo|fixed_sft|matched_sft|sft|all [--run_id run_001] [--seeds 1,2,3]
                         [--config run.yaml] [--model tiny-arith] [--data synthetic_arith] [--force]
                         [--set key=value ...]
 
-Per seed: 00 → 01 → 02 → 03 → 04 → 07 (base, sft_warmup) → for each method: 05/06 → 07 (method); then
+Per seed: 00 → 01 → 02 → 03 → 04 → 07 (base, sft_warmup) → for each method: 05/06 → 07 (method), red
+before matched_sft, which reads red's mean SFT weight; then
 08_compare_runs over all seeds writes outputs/<run_id>/08_compare_runs/report.md.
 A stage whose manifest already matches (same config slice hash, same input hashes, same parent
 manifests, completed) is skipped, so a second invocation with nothing changed only checks, and an

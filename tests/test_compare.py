@@ -153,3 +153,14 @@ def test_missing_runs_fail_clearly(tmp_path):
     (tmp_path / "outputs" / "empty").mkdir(parents=True)
     res = _compare(tmp_path, "--run_id", "empty")
     assert res.returncode == 1 and "no completed 07_evaluate" in res.stderr
+
+
+def test_accuracy_by_gold_subtasks_separates_recall_from_extension():
+    from utils.eval.evaluation import accuracy_by_gold_subtasks
+
+    rows = [{"id": "a", "meta": {"steps": [1, 2]}}, {"id": "b", "meta": {"steps": [1, 2]}},
+            {"id": "c", "meta": {"steps": [1, 2, 3]}}, {"id": "d", "meta": {}}]
+    scored = [{"qid": "a", "answer": 1.0}, {"qid": "b", "answer": 0.0}, {"qid": "c", "answer": 1.0},
+              {"qid": "d", "answer": 1.0}]
+    assert accuracy_by_gold_subtasks(rows, scored) == {"2": 0.5, "3": 1.0}  # d has no decomposition
+    assert accuracy_by_gold_subtasks([{"id": "d", "meta": {}}], scored) == {}

@@ -122,6 +122,9 @@ def test_choice_lists_agree_with_the_registries():
     ("red", "algorithm.sft.enabled=false", "grpo"),
     ("red", "algorithm.red.G=1", "fixed_sft"),
     ("fixed_sft", "algorithm.red.G=5", "red"),
+    ("fixed_sft", "algorithm.sft.match_red=true", "matched_sft"),
+    ("matched_sft", "algorithm.sft.match_red=false", "fixed_sft"),
+    ("matched_sft", "algorithm.red.G=5", None),
     ("grpo", "algorithm.sft.enabled=true", None),
     ("sft", "algorithm.rl.enabled=true", None),
 ])

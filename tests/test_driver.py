@@ -80,6 +80,15 @@ def test_driver_runs_the_chain_then_skips_then_reruns_downstream(tmp_path):
     assert json.loads((out / RUN / "run_manifest.json").read_text())["status"] == "completed"
 
 
+def test_plan_runs_red_before_the_arm_that_matches_its_weight():
+    from utils.driver import plan
+
+    trainers = [s.dir_name for s in plan(["matched_sft"]) if s.algorithm]
+    assert trainers == ["05_train_red_grpo/red", "05_train_red_grpo/matched_sft"]
+    trainers = [s.dir_name for s in plan(["matched_sft", "grpo", "red"]) if s.algorithm]
+    assert trainers == ["05_train_red_grpo/red", "05_train_red_grpo/matched_sft", "06_ablate_grpo_only/grpo"]
+
+
 def test_plan_keeps_run_ids_that_are_method_or_checkpoint_names(tmp_path):
     from utils.core.methods import CHECKPOINTS, METHODS
     from utils.driver import REPORT, plan, stage_path

@@ -58,6 +58,22 @@ def test_gold_traces_follow_the_rollout_protocol(prepared, base_dir):
     assert stats["acceptance_rate"] is None
 
 
+def test_trace_caps_keep_short_chains_then_the_first_n(prepared):
+    """traces.max_subtasks keeps only demonstrations of at most that many subtasks (recall vs extend);
+    traces.max_traces then keeps the first N of those, in train order."""
+    out, args = prepared
+    train = [json.loads(x) for x in (out / "t" / "01_prepare_dataset" / "train.jsonl").read_text().splitlines()]
+    short = [r["id"] for r in train if len(r["meta"]["steps"]) <= 2]
+    assert 0 < len(short) < len(train)  # the fixture has both lengths, so the cap can fail
+    assert run_stage("03_generate_sft_traces", out, *args, "--set", "traces.max_subtasks=2") == 0
+    recs = _records(out)
+    assert [r["qid"] for r in recs] == short
+    assert all(len(r["executor_calls"]) <= 2 for r in recs)
+    assert run_stage("03_generate_sft_traces", out, *args, "--set", "traces.max_subtasks=2",
+                     "--set", "traces.max_traces=5") == 0
+    assert [r["qid"] for r in _records(out)] == short[:5]
+
+
 def test_solution_traces_from_gsm8k_worked_solutions(tmp_path):
     out = tmp_path / "o"
     args = ["--data", "gsm8k", "--set", f"data.path={FIXTURES / 'gsm8k'}", "--set", "data.n_val=1",

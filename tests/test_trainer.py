@@ -182,3 +182,31 @@ def test_killed_training_resumes_and_matches_an_uninterrupted_run(prepared, tmp_
     for g, w in zip(got, want):
         assert abs(g["rollout/logprob_mismatch"] - w["rollout/logprob_mismatch"]) < 1e-4
     assert manifest(out, "05_train_red_grpo/red")["status"] == "completed"
+
+
+def test_matched_arm_uses_reds_mean_weight_from_the_same_run(prepared, tmp_path):  # noqa: F811
+    out, args = prepared
+    sft = ["--set", "warmup.steps=20", "--set", "warmup.eval_every=0", "--set", "warmup.eval_size=2",
+           "--set", "model.engine.name=hf"]
+    assert run_stage("03_generate_sft_traces", out, *args) == 0
+    assert run_stage("04_sft_warmup", out, *args, *sft) == 0
+    short = ["--set", "algorithm.rl.steps=2"]
+    early = subprocess.run(_run_05(out, args + sft, "t", ["--algorithm", "matched_sft", *short]), cwd=ROOT,
+                           capture_output=True, text=True)
+    assert early.returncode != 0 and "05_train_red_grpo/red/manifest.json not found" in early.stderr
+    red = subprocess.run(_run_05(out, args + sft, "t", short), cwd=ROOT, capture_output=True, text=True)
+    assert red.returncode == 0, red.stderr
+    weights = [json.loads(x)["red/final_weight"]
+               for x in (out / "t" / "05_train_red_grpo" / "red" / "metrics.jsonl").read_text().splitlines()]
+    mean = sum(weights) / len(weights)
+    assert manifest(out, "05_train_red_grpo/red")["metrics"]["final_weight_mean"] == pytest.approx(mean, abs=1e-6)
+    matched = subprocess.run(_run_05(out, args + sft, "t", ["--algorithm", "matched_sft", *short]), cwd=ROOT,
+                             capture_output=True, text=True)
+    assert matched.returncode == 0, matched.stderr
+    m = manifest(out, "05_train_red_grpo/matched_sft")
+    assert m["metrics"]["red_mean_final_weight"] == pytest.approx(mean, abs=1e-6)
+    assert m["metrics"]["sft_loss_coef"] == pytest.approx(0.1 * mean, abs=1e-6)
+    assert "05_train_red_grpo/red" in m["parents"]
+    logged = [json.loads(x) for x in
+              (out / "t" / "05_train_red_grpo" / "matched_sft" / "metrics.jsonl").read_text().splitlines()]
+    assert all(x["red/final_weight"] == 1.0 for x in logged)  # constant: G = 1, no accuracy factor

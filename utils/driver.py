@@ -46,9 +46,19 @@ def _evaluate(checkpoint: str) -> Step:
     return Step("07_evaluate", f"07_evaluate/{checkpoint}", checkpoint=checkpoint)
 
 
+def with_needs(methods: list[str]) -> list[str]:
+    """The methods in order, each preceded by the methods it reads (matched_sft needs red)."""
+    out: list[str] = []
+    for name in methods:
+        for need in (*METHODS[name].needs, name):
+            if need not in out:
+                out.append(need)
+    return out
+
+
 def plan(methods: list[str]) -> list[Step]:
     steps = [Step(s, s) for s in DATA_STAGES] + [_evaluate(BASE), _evaluate(SFT_WARMUP)]
-    for name in methods:
+    for name in with_needs(methods):
         m = METHODS[name]
         steps += [Step(m.trainer, f"{m.trainer}/{name}", algorithm=name), _evaluate(name)]
     return steps

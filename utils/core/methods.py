@@ -9,6 +9,10 @@ file, the trainer's output folder (`05_train_red_grpo/<name>/`), the evaluation 
 
 `contradictions` refuses a config whose flags say another method than its `method` label, e.g.
 `--algorithm red --set algorithm.sft.enabled=false` (that is grpo, and must not be filed as red).
+
+`matched_sft` is the weight-matched control for red: a constant SFT weight equal to α times red's
+mean `red/final_weight` over the same seed's red run, read from that run after it finishes. red vs
+fixed_sft mixes "dynamic" with "more SFT"; red vs matched_sft isolates the dynamics.
 """
 from __future__ import annotations
 
@@ -23,12 +27,17 @@ class Method:
     sft: bool  # algorithm.sft.enabled
     dynamic: bool | None  # RED weighting on (algorithm.red.G > 1) or off (G == 1); None: no SFT term in RL
     summary: str
+    matched: bool = False  # algorithm.sft.match_red: the constant weight is red's mean weight (same seed)
+    needs: tuple[str, ...] = ()  # methods whose outputs this one reads (the driver runs them first)
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("red", "05_train_red_grpo", True, True, True, "GRPO + SFT term weighted by RED (G > 1)"),
     Method("grpo", "06_ablate_grpo_only", True, False, None, "GRPO, no SFT term"),
     Method("fixed_sft", "05_train_red_grpo", True, True, False, "GRPO + constant-weight SFT term (G = 1)"),
+    Method("matched_sft", "05_train_red_grpo", True, True, False,
+           "GRPO + constant SFT weight equal to red's mean weight in the same seed's run (G = 1)",
+           matched=True, needs=("red",)),
     Method("sft", "05_train_red_grpo", False, True, None, "the SFT term alone, no rollouts"),
 )}
 BASE = "base"  # the bare base model, evaluated by 07
@@ -51,14 +60,17 @@ def contradictions(alg) -> list[str]:
     if m.dynamic is True and alg.red.G <= 1:
         out.append(f"algorithm.red.G={alg.red.G} (method 'red' needs G > 1; G = 1 is fixed_sft)")
     if m.dynamic is False and alg.red.G != 1:
-        out.append(f"algorithm.red.G={alg.red.G} (method 'fixed_sft' needs G = 1; G > 1 is red)")
+        out.append(f"algorithm.red.G={alg.red.G} (method '{m.name}' needs G = 1; G > 1 is red)")
+    if alg.sft.match_red != m.matched:
+        out.append(f"algorithm.sft.match_red={str(alg.sft.match_red).lower()} (method '{m.name}' has it "
+                   f"{str(m.matched).lower()})")
     return out
 
 
 def implied_method(alg) -> str | None:
     """The registered method whose flags the config has, if any."""
     for m in METHODS.values():
-        if alg.rl.enabled == m.rl and alg.sft.enabled == m.sft and (
+        if alg.rl.enabled == m.rl and alg.sft.enabled == m.sft and alg.sft.match_red == m.matched and (
                 m.dynamic is None or (m.dynamic == (alg.red.G > 1))):
             return m.name
     return None

@@ -75,6 +75,8 @@ class SftConfig:
     enabled: bool = field(True, "Add the SFT cross-entropy term to the RL loss.")
     loss_coef: float = field(0.1, "alpha: base weight of the SFT term.")
     batch_size: int = field(16, "SFT examples per optimizer step.")
+    match_red: bool = field(False, "matched_sft: multiply loss_coef by the mean red/final_weight of the same "
+                                   "seed's red run (05_train_red_grpo/red must have run).")
 
 
 @dataclass
@@ -143,7 +145,8 @@ class TracesConfig:
     source: str = field("gold", "SFT trace source: gold (the task's decomposition), solution (worked solution "
                                 "lines) or teacher (rejection-sampled episodes of a teacher model).",
                         ("gold", "solution", "teacher"))
-    max_traces: int = field(0, "Cap on traces written (0 = one per usable training row).")
+    max_traces: int = field(0, "Cap on traces written, in train order (0 = one per usable training row).")
+    max_subtasks: int = field(0, "Keep only traces with at most this many subtasks (0 = all lengths).")
     teacher_path: str = field("", "teacher source: base model directory (empty = model.path).")
     teacher_adapter: str = field("", "teacher source: optional LoRA adapter directory for the teacher.")
     teacher_samples: int = field(4, "teacher source: episodes sampled per question.")

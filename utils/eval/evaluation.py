@@ -29,7 +29,22 @@ def greedy_eval(engine, codec: Codec, rows: list[dict], spec: RewardSpec, rollou
     """(summary metrics, per-episode records) of greedy rollouts on `rows`."""
     episodes = Rollout(engine, codec, replace(rollout, temperature=0.0)).run(rows, n=1, seed=0)
     scored = score_episodes(episodes, spec)
-    return summarize_scores(scored), scored
+    summary = summarize_scores(scored)
+    by_length = accuracy_by_gold_subtasks(rows, scored)
+    if by_length:
+        summary["accuracy_by_gold_subtasks"] = by_length
+    return summary, scored
+
+
+def accuracy_by_gold_subtasks(rows: list[dict], scored: list[dict]) -> dict[str, float]:
+    """Accuracy per gold decomposition length ({"2": 0.9, "3": 0.1}), for rows that carry one
+    (meta.steps); separates recall of demonstrated lengths from extension to longer chains."""
+    length = {r["id"]: len(r["meta"]["steps"]) for r in rows if r.get("meta", {}).get("steps")}
+    groups: dict[int, list[float]] = {}
+    for s in scored:
+        if s["qid"] in length:
+            groups.setdefault(length[s["qid"]], []).append(s["answer"])
+    return {str(k): round(sum(v) / len(v), 6) for k, v in sorted(groups.items())}
 
 
 def failure_category(record: dict) -> str:
@@ -74,6 +89,7 @@ class Validator:
         metrics, samples = greedy_eval(engine, self.codec, self.rows, self.spec, RolloutSpec.from_config(self.cfg, 0.0))
         atomic_write_json(self.out / "valid_samples" / f"step_{step}.json", {"step": step, "metrics": metrics,
                                                                             "samples": samples})
+        by_length = " ".join(f"{k}:{v:.2f}" for k, v in metrics.get("accuracy_by_gold_subtasks", {}).items())
         tqdm.write(f"step {step}: val accuracy {metrics['accuracy']:.3f} format {metrics['format']:.3f} "
-                   f"reward {metrics['reward']:.3f}")
+                   f"reward {metrics['reward']:.3f}" + (f" by gold subtasks {by_length}" if by_length else ""))
         return metrics

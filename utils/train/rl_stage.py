@@ -16,7 +16,7 @@ from utils.core.cli import parse_stage_args
 from utils.core.config import to_dict
 from utils.core.io import read_jsonl
 from utils.core.manifest import StageRun
-from utils.core.stages import model_dir, output_path, parent, stage_config, stage_dir
+from utils.core.stages import StageError, model_dir, output_path, parent, stage_config, stage_dir
 from utils.core.tracking import MetricsLogger
 from utils.reward.spec import read_spec
 from utils.train.policy import add_reference, load_policy
@@ -29,7 +29,13 @@ def _summary(method: str, steps: int, resumed: bool, history: list[dict]) -> dic
     return {"method": method, "steps": steps, "resumed": resumed,
             "reward_first": first.get("critic/rewards/mean"), "reward_last": last.get("critic/rewards/mean"),
             "accuracy_first": first.get("answer_f1/mean"), "accuracy_last": last.get("answer_f1/mean"),
-            "max_logprob_mismatch": max(m.get("rollout/logprob_mismatch", 0.0) for m in history)}
+            "max_logprob_mismatch": max(m.get("rollout/logprob_mismatch", 0.0) for m in history),
+            **_mean_weight(history)}
+
+
+def _mean_weight(history: list[dict]) -> dict:
+    weights = [m["red/final_weight"] for m in history if "red/final_weight" in m]
+    return {"final_weight_mean": round(sum(weights) / len(weights), 6)} if weights else {}
 
 
 def _inputs(run: StageRun, cfg) -> tuple[Path, Path, Path, Path]:
@@ -43,6 +49,20 @@ def _inputs(run: StageRun, cfg) -> tuple[Path, Path, Path, Path]:
     for p in paths:
         run.add_input(p)
     return paths
+
+
+def _match_red(run: StageRun, cfg) -> float:
+    """matched_sft: set algorithm.sft.loss_coef to alpha x the mean red/final_weight of this seed's red
+    run (recorded as a parent, so a re-run of red re-runs this arm); returns that mean."""
+    red_dir, manifest = parent(run, cfg, "05_train_red_grpo/red")
+    metrics = output_path(manifest, "/metrics.jsonl")
+    run.add_input(metrics)
+    weights = [m["red/final_weight"] for m in read_jsonl(metrics) if "red/final_weight" in m]
+    if not weights:
+        raise StageError(f"{metrics} holds no red/final_weight values: red's run logged no SFT weight")
+    mean = sum(weights) / len(weights)
+    cfg.algorithm.sft.loss_coef *= mean
+    return mean
 
 
 def run_rl_stage(stage: str, description: str, argv: list[str], default_algorithm: str) -> int:
@@ -62,6 +82,11 @@ def run_rl_stage(stage: str, description: str, argv: list[str], default_algorith
         torch.set_num_threads(cfg.threads)
     with StageRun(f"{stage}/{method}", out, stage_config(cfg, stage), cfg.seed) as run:
         adapter, traces, train_path, spec_path = _inputs(run, cfg)
+        if cfg.algorithm.sft.match_red:
+            run.metrics["red_mean_final_weight"] = round(_match_red(run, cfg), 6)
+            run.metrics["sft_loss_coef"] = round(cfg.algorithm.sft.loss_coef, 6)
+            print(f"{stage}: {method} uses red's mean SFT weight {run.metrics['red_mean_final_weight']}: "
+                  f"loss_coef {run.metrics['sft_loss_coef']}")
         base = model_dir(cfg)
         tok = AutoTokenizer.from_pretrained(base)
         torch.manual_seed(cfg.seed)  # LoRA init draws from torch's RNG
