@@ -78,12 +78,14 @@ def main(argv=None) -> int:
             pairs = [(t, examples_from_trace(t, codec, row.get("context"))) for row, t in traces
                      if t is not None and _usable(cfg, t)]
             sampled = 0
+        accepted = len(pairs) if sampled else 0  # before the cap: the teacher's acceptance rate
         pairs = pairs[:wanted]
         if not pairs:
-            raise StageError(f"no usable traces from {len(rows)} rows of {train} with source '{source}'")
+            cap = f" and traces.max_subtasks={cfg.traces.max_subtasks}" if cfg.traces.max_subtasks else ""
+            raise StageError(f"no usable traces from {len(rows)} rows of {train} with source '{source}'{cap}")
         records = [trace_record(t, ex, source) for t, ex in pairs]
         write_jsonl(out / "sft_traces.jsonl", records)
-        stats = trace_stats(records, [e for _, ex in pairs for e in ex], len(rows), len(pairs) if sampled else 0,
+        stats = trace_stats(records, [e for _, ex in pairs for e in ex], len(rows), accepted,
                             sampled, source)
         atomic_write_json(out / "stats.json", stats)
         for name in ("sft_traces.jsonl", "stats.json"):

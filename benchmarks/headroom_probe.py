@@ -1,0 +1,76 @@
+"""Is there anything for RL to find? Sample episodes from an adapter on a run's val split and report,
+per gold decomposition length, the sample accuracy, pass@n and how many subtasks episodes delegate.
+
+    .venv/bin/python benchmarks/headroom_probe.py --run outputs/run_001 [--adapter DIR]
+        [--temperature 0.7] [--samples 8] [--max_turns 6] [--split val]
+
+Defaults to the run's 04_sft_warmup/ckpt_sft/best adapter. GRPO learns only from groups with a
+correct sample, so a length with pass@n = 0 at the rollout temperature gives no RL signal at all:
+every method would tie there. README "Toward a regime with headroom" quotes this probe's figures.
+Rows without a gold decomposition (real datasets) are reported under "?".
+"""
+import argparse
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from utils.agent.engines import make_engine  # noqa: E402
+from utils.agent.rollout import Codec, Rollout, RolloutSpec  # noqa: E402
+from utils.core.config import ROOT  # noqa: E402
+from utils.core.io import read_records  # noqa: E402
+from utils.core.schema import EngineConfig, TemplatesConfig  # noqa: E402
+from utils.reward.spec import read_spec, score_episodes  # noqa: E402
+
+
+def probe(rows: list[dict], scored: list[dict]) -> dict[str, dict]:
+    """Per gold length: sample accuracy, pass@n, mean reward and the subtask-count histogram."""
+    length = {r["id"]: str(len(r.get("meta", {}).get("steps") or []) or "?") for r in rows}
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for s in scored:
+        groups[length[s["qid"]]].append(s)
+    out = {}
+    for key, items in sorted(groups.items()):
+        best: dict = {}
+        for s in items:
+            best[s["qid"]] = max(best.get(s["qid"], 0.0), s["answer"])
+        out[key] = {"episodes": len(items), "sample_accuracy": sum(s["answer"] for s in items) / len(items),
+                    "pass_at_n": sum(best.values()) / len(best),
+                    "mean_reward": sum(s["reward"] for s in items) / len(items),
+                    "subtasks": dict(sorted(Counter(s["subtasks"] for s in items).items()))}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=Path, default=ROOT / "outputs" / "run_001")
+    ap.add_argument("--model", type=Path, default=ROOT / "artifacts" / "tiny-arith")
+    ap.add_argument("--adapter", type=Path, default=None, help="default: the run's SFT warmup adapter")
+    ap.add_argument("--split", default="val", choices=("val", "train"), help="never test: choose on val")
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--max_turns", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    adapter = args.adapter or args.run / "04_sft_warmup" / "ckpt_sft" / "best"
+    rows = [r for _, r in read_records(args.run / "01_prepare_dataset" / f"{args.split}.jsonl")]
+    spec = read_spec(args.run / "02_build_rewards" / "reward_spec.yaml")
+    engine = make_engine("vllm", args.model, EngineConfig(max_lora_rank=16), seed=args.seed)
+    engine.set_adapter(adapter)
+    codec = Codec(AutoTokenizer.from_pretrained(args.model), TemplatesConfig())
+    ro = RolloutSpec(max_turns=args.max_turns, temperature=args.temperature)
+    scored = score_episodes(Rollout(engine, codec, ro).run(rows, n=args.samples, seed=args.seed), spec)
+    engine.close()
+    print(f"{adapter}: {len(rows)} {args.split} questions x {args.samples} samples at T={args.temperature}, "
+          f"max_turns {args.max_turns}")
+    for key, r in probe(rows, scored).items():
+        print(f"gold subtasks {key}: sample accuracy {r['sample_accuracy']:.3f}  pass@{args.samples} "
+              f"{r['pass_at_n']:.3f}  mean reward {r['mean_reward']:.2f}  subtasks delegated {r['subtasks']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
