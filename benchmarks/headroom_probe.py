@@ -21,22 +21,20 @@ from utils.agent.rollout import Codec, Rollout, RolloutSpec  # noqa: E402
 from utils.core.config import ROOT  # noqa: E402
 from utils.core.io import read_records  # noqa: E402
 from utils.core.schema import EngineConfig, TemplatesConfig  # noqa: E402
+from utils.eval.evaluation import gold_subtask_counts, pass_at_k  # noqa: E402
 from utils.reward.spec import read_spec, score_episodes  # noqa: E402
 
 
 def probe(rows: list[dict], scored: list[dict]) -> dict[str, dict]:
     """Per gold length: sample accuracy, pass@n, mean reward and the subtask-count histogram."""
-    length = {r["id"]: str(len(r.get("meta", {}).get("steps") or []) or "?") for r in rows}
+    length = gold_subtask_counts(rows)
     groups: dict[str, list[dict]] = defaultdict(list)
     for s in scored:
-        groups[length[s["qid"]]].append(s)
+        groups[str(length.get(s["qid"], "?"))].append(s)
     out = {}
     for key, items in sorted(groups.items()):
-        best: dict = {}
-        for s in items:
-            best[s["qid"]] = max(best.get(s["qid"], 0.0), s["answer"])
         out[key] = {"episodes": len(items), "sample_accuracy": sum(s["answer"] for s in items) / len(items),
-                    "pass_at_n": sum(best.values()) / len(best),
+                    "pass_at_n": pass_at_k(items),
                     "mean_reward": sum(s["reward"] for s in items) / len(items),
                     "subtasks": dict(sorted(Counter(s["subtasks"] for s in items).items()))}
     return out

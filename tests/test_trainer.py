@@ -155,13 +155,19 @@ def _run_05(out, args, run_id, extra=()):
     return cmd
 
 
-def test_killed_training_resumes_and_matches_an_uninterrupted_run(prepared, tmp_path):  # noqa: F811
-    import shutil
-    out, args = prepared
+def _warm_start(out, args) -> list[str]:
+    """Run 03 and a 20-step 04 on the prepared run; returns the SFT flags the RL runs must repeat."""
     sft = ["--set", "warmup.steps=20", "--set", "warmup.eval_every=0", "--set", "warmup.eval_size=2",
            "--set", "model.engine.name=hf"]
     assert run_stage("03_generate_sft_traces", out, *args) == 0
     assert run_stage("04_sft_warmup", out, *args, *sft) == 0
+    return sft
+
+
+def test_killed_training_resumes_and_matches_an_uninterrupted_run(prepared, tmp_path):  # noqa: F811
+    import shutil
+    out, args = prepared
+    sft = _warm_start(out, args)
     shutil.copytree(out / "t", out / "ref")
     ref = subprocess.run(_run_05(out, args + sft, "ref"), cwd=ROOT, capture_output=True, text=True)
     assert ref.returncode == 0, ref.stderr
@@ -186,10 +192,7 @@ def test_killed_training_resumes_and_matches_an_uninterrupted_run(prepared, tmp_
 
 def test_matched_arm_uses_reds_mean_weight_from_the_same_run(prepared, tmp_path):  # noqa: F811
     out, args = prepared
-    sft = ["--set", "warmup.steps=20", "--set", "warmup.eval_every=0", "--set", "warmup.eval_size=2",
-           "--set", "model.engine.name=hf"]
-    assert run_stage("03_generate_sft_traces", out, *args) == 0
-    assert run_stage("04_sft_warmup", out, *args, *sft) == 0
+    sft = _warm_start(out, args)
     short = ["--set", "algorithm.rl.steps=2"]
     early = subprocess.run(_run_05(out, args + sft, "t", ["--algorithm", "matched_sft", *short]), cwd=ROOT,
                            capture_output=True, text=True)

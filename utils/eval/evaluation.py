@@ -39,12 +39,17 @@ def greedy_eval(engine, codec: Codec, rows: list[dict], spec: RewardSpec, rollou
 def accuracy_by_gold_subtasks(rows: list[dict], scored: list[dict]) -> dict[str, float]:
     """Accuracy per gold decomposition length ({"2": 0.9, "3": 0.1}), for rows that carry one
     (meta.steps); separates recall of demonstrated lengths from extension to longer chains."""
-    length = {r["id"]: len(r["meta"]["steps"]) for r in rows if r.get("meta", {}).get("steps")}
+    length = gold_subtask_counts(rows)
     groups: dict[int, list[float]] = {}
     for s in scored:
         if s["qid"] in length:
             groups.setdefault(length[s["qid"]], []).append(s["answer"])
     return {str(k): round(sum(v) / len(v), 6) for k, v in sorted(groups.items())}
+
+
+def gold_subtask_counts(rows: list[dict]) -> dict[str, int]:
+    """Row id -> length of its gold decomposition (meta.steps), for rows that carry one."""
+    return {r["id"]: len(r["meta"]["steps"]) for r in rows if r.get("meta", {}).get("steps")}
 
 
 def failure_category(record: dict) -> str:

@@ -26,16 +26,18 @@ WANDB_PROJECT = "red-coda"
 
 def _summary(method: str, steps: int, resumed: bool, history: list[dict]) -> dict:
     first, last = history[0], history[-1]
+    weight = mean_final_weight(history)
     return {"method": method, "steps": steps, "resumed": resumed,
             "reward_first": first.get("critic/rewards/mean"), "reward_last": last.get("critic/rewards/mean"),
             "accuracy_first": first.get("answer_f1/mean"), "accuracy_last": last.get("answer_f1/mean"),
             "max_logprob_mismatch": max(m.get("rollout/logprob_mismatch", 0.0) for m in history),
-            **_mean_weight(history)}
+            **({"final_weight_mean": round(weight, 6)} if weight is not None else {})}
 
 
-def _mean_weight(history: list[dict]) -> dict:
+def mean_final_weight(history: list[dict]) -> float | None:
+    """Mean of red/final_weight over a run's metrics lines (None if it logged no SFT weight)."""
     weights = [m["red/final_weight"] for m in history if "red/final_weight" in m]
-    return {"final_weight_mean": round(sum(weights) / len(weights), 6)} if weights else {}
+    return sum(weights) / len(weights) if weights else None
 
 
 def _inputs(run: StageRun, cfg) -> tuple[Path, Path, Path, Path]:
@@ -54,13 +56,12 @@ def _inputs(run: StageRun, cfg) -> tuple[Path, Path, Path, Path]:
 def _match_red(run: StageRun, cfg) -> float:
     """matched_sft: set algorithm.sft.loss_coef to alpha x the mean red/final_weight of this seed's red
     run (recorded as a parent, so a re-run of red re-runs this arm); returns that mean."""
-    red_dir, manifest = parent(run, cfg, "05_train_red_grpo/red")
+    _, manifest = parent(run, cfg, "05_train_red_grpo/red")
     metrics = output_path(manifest, "/metrics.jsonl")
     run.add_input(metrics)
-    weights = [m["red/final_weight"] for m in read_jsonl(metrics) if "red/final_weight" in m]
-    if not weights:
+    mean = mean_final_weight(read_jsonl(metrics))
+    if mean is None:
         raise StageError(f"{metrics} holds no red/final_weight values: red's run logged no SFT weight")
-    mean = sum(weights) / len(weights)
     cfg.algorithm.sft.loss_coef *= mean
     return mean
 
