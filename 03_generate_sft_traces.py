@@ -5,8 +5,10 @@ Sources (traces.source): `gold` (the task's own decomposition, the default for s
 `teacher` (episodes sampled from a teacher through the rollout engine, kept only when the reward
 spec judges the final answer correct: rejection sampling, with the acceptance rate reported).
 `traces.max_subtasks` keeps only traces with at most that many subtasks (the default task's "recall
-vs extend" regime: demonstrations cover shorter chains than the RL questions and the test split), and
-`traces.max_traces` caps how many are written, in train order (scarce expert traces).
+vs extend" regime: demonstrations cover shorter chains than the RL questions and the test split),
+`traces.long_traces` lets that many longer traces through as well (the first in train order: a few
+demonstrations of long chains, so that sampled rollouts sometimes reach them and RL has a signal),
+and `traces.max_traces` caps how many are written, in train order (scarce expert traces).
 Each trace is split into per-role examples of exact token ids with loss masks, in the same
 protocol and templates the rollouts use. Also writes stats.json.
 """
@@ -34,6 +36,7 @@ def _teacher(cfg, rows, spec, codec, wanted):
     engine.set_adapter(repo_path(cfg.traces.teacher_adapter) if cfg.traces.teacher_adapter else None)
     ro = Rollout(engine, codec, RolloutSpec.from_config(cfg, cfg.traces.teacher_temperature))
     kept, sampled, size = [], 0, cfg.traces.teacher_batch
+    usable = _LengthFilter(cfg)
     for start in tqdm(range(0, len(rows), size), desc="teacher rollouts", unit="batch"):
         if len(kept) >= wanted:
             break
@@ -45,16 +48,27 @@ def _teacher(cfg, rows, spec, codec, wanted):
             _, comps = score_answer(spec, ep.question, ep.final_answer, ep.golds, ep.format_score, 0)
             if ep.status == "answered" and comps["answer"] == 1.0 and ep.qid not in done:
                 trace, examples = trace_from_episode(ep)
-                if _usable(cfg, trace):
+                if usable(trace):
                     done.add(ep.qid)
                     kept.append((trace, examples))
     engine.close()
     return kept, sampled
 
 
-def _usable(cfg, trace) -> bool:
-    """traces.max_subtasks keeps only traces with that many subtasks or fewer (0 = all)."""
-    return not cfg.traces.max_subtasks or len(trace.executor_calls) <= cfg.traces.max_subtasks
+class _LengthFilter:
+    """traces.max_subtasks keeps traces with that many subtasks or fewer (0 = all), plus the first
+    traces.long_traces longer ones it is shown."""
+
+    def __init__(self, cfg):
+        self.cap, self.long_left = cfg.traces.max_subtasks, cfg.traces.long_traces
+
+    def __call__(self, trace) -> bool:
+        if not self.cap or len(trace.executor_calls) <= self.cap:
+            return True
+        if self.long_left > 0:
+            self.long_left -= 1
+            return True
+        return False
 
 
 def main(argv=None) -> int:
@@ -75,8 +89,9 @@ def main(argv=None) -> int:
             pairs, sampled = _teacher(cfg, rows, read_spec(rewards_dir / "reward_spec.yaml"), codec, wanted)
         else:  # gold | solution: the config accepts no other source
             traces = [(row, trace_from_row(row, source)) for row in rows]
+            usable = _LengthFilter(cfg)
             pairs = [(t, examples_from_trace(t, codec, row.get("context"))) for row, t in traces
-                     if t is not None and _usable(cfg, t)]
+                     if t is not None and usable(t)]
             sampled = 0
         accepted = len(pairs) if sampled else 0  # before the cap: the teacher's acceptance rate
         pairs = pairs[:wanted]

@@ -21,7 +21,7 @@ def _evaluation(run_dir, checkpoint, seed, scores, lr=5e-4):
     acc = sum(scores) / n
     metrics = {"checkpoint": checkpoint, "n": n, "accuracy": acc, "accuracy_ci95": [max(acc - 0.1234, 0.0), acc + 0.0567],
                "format": 0.9123, "answered": 0.8765, "reward": 6 * acc - 3, "turns": 2.5, "subtasks": 1.75,
-               "tokens_planner": 40.25, "tokens_executor": 18.5}
+               "tokens_planner": 40.25, "tokens_executor": 18.5, "accuracy_by_gold_subtasks": {"2": acc, "10": 0.125}}
     (d / "metrics.json").write_text(json.dumps(metrics))
     (d / "samples" / "predictions.jsonl").write_text(
         "".join(json.dumps({"qid": f"test-{i:03d}", "answer": s}) + "\n" for i, s in enumerate(scores)))
@@ -69,6 +69,8 @@ def test_summary_and_report_carry_the_metrics_json_numbers(tmp_path):
         line = (f"| r | {seed} | {method} | {src['n']} | {src['accuracy']:.4f} | {lo:.4f}–{hi:.4f} | "
                 f"{src['format']:.4f} | {src['answered']:.4f} |")
         assert line in report, line
+    assert f"| r | 1 | red | {sources[(1, 'red')]['accuracy']:.4f} | 0.1250 |" in report  # by length, 2 before 10
+    assert "| run | seed | method | 2 subtasks | 10 subtasks |" in report
     # across seeds: red 16/20 and 17/20 -> mean 0.825; grpo 0.5 both seeds
     # (t-interval over 2 seeds: 0.825 ± 12.706·0.0354/√2, clipped to [0, 1]; grpo has no spread)
     assert "| r | red | 2 | 0.8250 | 0.5074–1.0000 | 0.8000 | 0.8500 |" in report

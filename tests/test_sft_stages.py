@@ -60,7 +60,8 @@ def test_gold_traces_follow_the_rollout_protocol(prepared, base_dir):
 
 def test_trace_caps_keep_short_chains_then_the_first_n(prepared):
     """traces.max_subtasks keeps only demonstrations of at most that many subtasks (recall vs extend);
-    traces.max_traces then keeps the first N of those, in train order."""
+    traces.long_traces lets the first N longer ones through too; traces.max_traces then keeps the first
+    N of those, in train order."""
     out, args = prepared
     train = [json.loads(x) for x in (out / "t" / "01_prepare_dataset" / "train.jsonl").read_text().splitlines()]
     short = [r["id"] for r in train if len(r["meta"]["steps"]) <= 2]
@@ -72,6 +73,10 @@ def test_trace_caps_keep_short_chains_then_the_first_n(prepared):
     assert run_stage("03_generate_sft_traces", out, *args, "--set", "traces.max_subtasks=2",
                      "--set", "traces.max_traces=5") == 0
     assert [r["qid"] for r in _records(out)] == short[:5]
+    long_ids = [r["id"] for r in train if len(r["meta"]["steps"]) > 2]
+    assert run_stage("03_generate_sft_traces", out, *args, "--set", "traces.max_subtasks=2",
+                     "--set", "traces.long_traces=1") == 0  # one longer demonstration, the first
+    assert [r["qid"] for r in _records(out)] == [r["id"] for r in train if r["id"] in short or r["id"] == long_ids[0]]
 
 
 def test_solution_traces_from_gsm8k_worked_solutions(tmp_path):
@@ -146,6 +151,9 @@ def test_lr_schedule_warms_up_then_decays_to_the_final_ratio():
     assert warmup_cosine(20, 4, 20, final=0.1) == pytest.approx(0.1)  # cosine down to 10%
     assert warmup_cosine(12, 4, 20, final=0.5) == pytest.approx(0.75)  # halfway: midpoint of 1 and 0.5
     assert {warmup_cosine(s, 4, 20, final=1.0) for s in range(4, 30)} == {1.0}  # constant after warmup
+    assert [warmup_cosine(s, 4, 20, final=0.5, decay_start=12) for s in (5, 11, 12)] == [1.0, 1.0, 1.0]  # flat
+    assert warmup_cosine(16, 4, 20, final=0.5, decay_start=12) == pytest.approx(0.75)  # half of the decay
+    assert warmup_cosine(20, 4, 20, final=0.5, decay_start=12) == pytest.approx(0.5)
 
 
 def test_sft_stage_writes_adapters_logs_and_validation(prepared):

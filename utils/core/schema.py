@@ -147,6 +147,7 @@ class TracesConfig:
                         ("gold", "solution", "teacher"))
     max_traces: int = field(0, "Cap on traces written, in train order (0 = one per usable training row).")
     max_subtasks: int = field(0, "Keep only traces with at most this many subtasks (0 = all lengths).")
+    long_traces: int = field(0, "With max_subtasks: also keep this many longer traces, the first in train order.")
     teacher_path: str = field("", "teacher source: base model directory (empty = model.path).")
     teacher_adapter: str = field("", "teacher source: optional LoRA adapter directory for the teacher.")
     teacher_samples: int = field(4, "teacher source: episodes sampled per question.")
@@ -161,6 +162,8 @@ class WarmupConfig:
     final_lr_ratio: float = field(1.0, "LR at the last step as a share of the peak; 1 keeps it constant after "
                                        "warmup (measured: the default task needs it, see README).")
     warmup_steps: int = field(30, "Linear warmup steps.")
+    decay_start: int = field(0, "Step where the cosine decay begins; the lr stays at its peak until then "
+                                "(0 = decay right after the linear warmup).")
     batch_size: int = field(32, "Examples per step (planner and executor examples mixed).")
     weight_decay: float = field(0.0, "AdamW weight decay.")
     max_grad_norm: float = field(1.0, "Gradient-norm clip of each SFT step.")

@@ -184,6 +184,7 @@ def _accuracy_section(evals: list[Evaluation]) -> list[str]:
     lines += [_table(["run", "seed", "method", "n", "accuracy", "95% CI", "format", "answered", "turns",
                       "subtasks", "tokens planner", "tokens executor"], rows), ""]
 
+    lines += _length_section(evals)
     groups = defaultdict(list)
     for e in evals:
         groups[(e.run, e.method)].append(e.metrics["accuracy"])
@@ -197,6 +198,21 @@ def _accuracy_section(evals: list[Evaluation]) -> list[str]:
         lines += ["### Across seeds", "", "Mean of the per-seed accuracies with a t-interval over seeds.", "",
                   _table(["run", "method", "seeds", "mean accuracy", "95% CI", "min", "max"], rows), ""]
     return lines
+
+
+def _length_section(evals: list[Evaluation]) -> list[str]:
+    """Accuracy by the gold decomposition's length, when the task has one: recall of the demonstrated
+    chain lengths and extension to longer ones read apart."""
+    have = [e for e in evals if e.metrics.get("accuracy_by_gold_subtasks")]
+    if not have:
+        return []
+    lengths = sorted({k for e in have for k in e.metrics["accuracy_by_gold_subtasks"]}, key=int)
+    rows = [[e.run, fmt(e.seed), e.method] + [fmt(e.metrics["accuracy_by_gold_subtasks"].get(k)) for k in lengths]
+            for e in sorted(have, key=lambda e: (e.run, method_key(e.method), e.seed or 0))]
+    return ["### By gold decomposition length", "",
+            "Accuracy on the test items whose gold decomposition has that many subtasks (metrics.json "
+            "`accuracy_by_gold_subtasks`).", "",
+            _table(["run", "seed", "method"] + [f"{k} subtasks" for k in lengths], rows), ""]
 
 
 def _paired_section(tests: list[dict], resamples: int) -> list[str]:

@@ -22,7 +22,7 @@ from utils.train.schedule import warmup_cosine
 
 
 def lr_lambda(cfg: WarmupConfig) -> Callable[[int], float]:
-    return lambda step: warmup_cosine(step, cfg.warmup_steps, cfg.steps, cfg.final_lr_ratio)
+    return lambda step: warmup_cosine(step, cfg.warmup_steps, cfg.steps, cfg.final_lr_ratio, cfg.decay_start)
 
 
 @dataclass
