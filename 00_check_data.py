@@ -2,7 +2,9 @@
 
 Reads the native files of `data.name` under `data.path` through its adapter and checks schema and
 types, empty or duplicate ids, empty questions or answers, gold answers the scorer cannot parse,
-and leakage between splits. Writes outputs/<run_id>/00_check_data/{summary.json, manifest.json}.
+and leakage between splits. For synthetic_arith it also checks that the files were generated with
+the config's difficulty knobs and seed (their manifest.json), so a changed config never runs on stale
+files; differing split sizes are a warning. Writes outputs/<run_id>/00_check_data/{summary.json, manifest.json}.
 Hard errors exit 1 (the manifest says 'failed'); warnings are listed in the summary and manifest.
 """
 import sys
@@ -21,6 +23,16 @@ def main(argv=None) -> int:
     out = stage_dir(cfg, STAGE)
     root = repo_path(cfg.data.path)
     with StageRun(STAGE, out, stage_config(cfg, STAGE), cfg.seed) as run:
+        if cfg.data.name == "synthetic_arith":
+            from utils.data.synthetic import SHAPE_KNOBS, SIZE_KNOBS, stale_knobs
+
+            stale = stale_knobs(cfg.data, root, SHAPE_KNOBS)
+            if stale:
+                raise StageError(f"{root / 'manifest.json'}: the synthetic files were generated with other knobs "
+                                 f"({'; '.join(stale)}); regenerate them with `bash download.sh` (or `bash download.sh "
+                                 f"--data-config FILE` for another data config)")
+            run.warnings.extend(f"{root / 'manifest.json'}: split sizes differ from the config ({d}); the files' "
+                                f"rows are used" for d in stale_knobs(cfg.data, root, SIZE_KNOBS))
         rep = check_dataset(cfg.data.name, root, cfg.data.scorer)
         for path in rep.files.values():
             run.add_input(path)
@@ -29,15 +41,15 @@ def main(argv=None) -> int:
         run.add_output(out / "summary.json")
         run.warnings.extend(rep.warnings)
         run.metrics.update({f"rows_{s}": v["rows"] for s, v in summary["splits"].items()})
-        run.metrics.update(errors=len(rep.errors), warnings=len(rep.warnings))
-        for w in rep.warnings[:10]:
+        run.metrics.update(errors=len(rep.errors), warnings=len(run.warnings))
+        for w in run.warnings[:10]:
             print(f"warning: {w}", file=sys.stderr)
         if not rep.ok:
             shown = "\n  ".join(rep.errors[:20])
             more = f"\n  ... and {len(rep.errors) - 20} more (see {out / 'summary.json'})" if len(rep.errors) > 20 else ""
             raise StageError(f"{len(rep.errors)} data error(s):\n  {shown}{more}")
     rows = ", ".join(f"{s} {v['rows']}" for s, v in summary["splits"].items())
-    print(f"{STAGE}: ok ({cfg.data.name}: {rows}; {len(rep.warnings)} warning(s)) -> {out}")
+    print(f"{STAGE}: ok ({cfg.data.name}: {rows}; {len(run.warnings)} warning(s)) -> {out}")
     return 0
 
 

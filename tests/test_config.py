@@ -143,3 +143,26 @@ def test_every_method_config_is_consistent_and_implies_itself():
     for name in METHODS:
         alg = load_run_config(algorithm=name).algorithm
         assert alg.method == name and contradictions(alg) == [] and implied_method(alg) == name
+
+
+def test_a_tier_run_section_sets_run_level_defaults_below_the_run_yaml_and_overrides(tmp_path):
+    data = tmp_path / "d.yaml"
+    data.write_text("name: synthetic_arith\nrun:\n  traces:\n    max_subtasks: 2\n    long_traces: 7\n"
+                    "  warmup:\n    steps: 11\n")
+    cfg = load_run_config(data=str(data))
+    assert (cfg.traces.max_subtasks, cfg.traces.long_traces, cfg.warmup.steps) == (2, 7, 11)
+    assert cfg.warmup.lr == RunConfig().warmup.lr  # siblings keep their defaults
+    run = tmp_path / "run.yaml"
+    run.write_text("traces:\n  long_traces: 3\n")
+    cfg = load_run_config(data=str(data), run=str(run), overrides=["warmup.steps=5"])
+    assert (cfg.traces.max_subtasks, cfg.traces.long_traces, cfg.warmup.steps) == (2, 3, 5)
+
+
+@pytest.mark.parametrize("section,message", [("  trace:\n    max_subtasks: 2\n", r"d.yaml \(run\).*did you mean 'traces'"),
+                                             ("  data:\n    n_val: 3\n", r"d.yaml: 'run' must be a mapping"),
+                                             ("  - 3\n", r"d.yaml: 'run' must be a mapping")])
+def test_a_bad_tier_run_section_names_the_file(tmp_path, section, message):
+    data = tmp_path / "d.yaml"
+    data.write_text("name: synthetic_arith\nrun:\n" + section)
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(data=str(data))

@@ -204,3 +204,17 @@ def test_load_split_rejects_non_object_rows(tmp_path):
     (tmp_path / "train.json").write_text("[1, 2]")
     with pytest.raises(DataError, match=r"train.json, row 1: expected an object, got int"):
         load_split("hotpotqa", tmp_path, "train")
+
+
+def test_check_refuses_synthetic_files_generated_with_other_knobs(tmp_path, synth, capsys):
+    out = tmp_path / "outputs"
+    data = ["--set", f"data.path={synth}", "--set", "data.n_train=60", "--set", "data.n_val=10",
+            "--set", "data.n_test=20"]
+    assert run_stage("00_check_data", out, *data, "--set", "data.max_steps=5") == 1
+    err = capsys.readouterr().err
+    assert f"{synth / 'manifest.json'}" in err and "max_steps: files have 3, config has 5" in err
+    assert "bash download.sh" in err
+    assert manifest(out, "00_check_data")["status"] == "failed"
+    assert run_stage("00_check_data", out, *data) == 0  # the knobs the files were made with pass
+    assert run_stage("00_check_data", out, *data, "--set", "data.n_val=11") == 0  # sizes: a warning
+    assert any("n_val: files have 10, config has 11" in w for w in manifest(out, "00_check_data")["warnings"])

@@ -210,13 +210,25 @@ class RunConfig:
 
 def load_run_config(model: str = "tiny-arith", algorithm: str = "red", data: str = "synthetic_arith",
                     overrides: list[str] | None = None, run: str | None = None) -> RunConfig:
-    """Assemble the tiers, then the optional run-level YAML, then the overrides."""
+    """Assemble the tiers, then the tiers' `run:` sections, then the optional run-level YAML, then the
+    overrides. A tier's `run:` section holds run-level defaults that belong with that tier, e.g. the
+    trace regime and warmup length the embedded task was tuned with (configs/data/synthetic_arith.yaml)."""
     tree: dict = {}
+    tier_runs: list[dict] = []
     for key, tier, name in (("model", "models", model), ("algorithm", "algorithms", algorithm),
                             ("data", "data", data)):
         path = tier_path(tier, name)
         tree[key] = read_yaml(path)
+        section = tree[key].pop("run", None)
         from_dict(type(getattr(RunConfig(), key)), tree[key], str(path))  # fail early, naming the file
+        if section is not None:
+            if not isinstance(section, dict) or set(section) & {"model", "algorithm", "data"}:
+                raise ConfigError(f"{path}: 'run' must be a mapping of run-level sections (e.g. traces, warmup), "
+                                  f"not of the model, algorithm or data tiers")
+            from_dict(RunConfig, section, f"{path} (run)")
+            tier_runs.append(section)
+    for section in tier_runs:
+        tree = deep_merge(tree, section)
     if run:
         run_tree = read_yaml(Path(run))
         from_dict(RunConfig, run_tree, run)

@@ -52,7 +52,9 @@ def ensure_base(rebuild: bool) -> None:
 def ensure_synthetic(config: Path) -> None:
     from utils.data.synthetic import write_dataset
 
-    cfg = from_dict(DataConfig, read_yaml(config), str(config))
+    tree = read_yaml(config)
+    tree.pop("run", None)  # run-level defaults of the tier (utils/core/schema.load_run_config)
+    cfg = from_dict(DataConfig, tree, str(config))
     out = repo_path(cfg.path)
     m = write_dataset(cfg, out)
     print(f"synthetic_arith: wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} "
