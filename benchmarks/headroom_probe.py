@@ -48,7 +48,8 @@ def main() -> int:
     ap.add_argument("--split", default="val", choices=("val", "train"), help="never test: choose on val")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--samples", type=int, default=8)
-    ap.add_argument("--max_turns", type=int, default=6)
+    ap.add_argument("--max_turns", type=int, default=8)
+    ap.add_argument("--max_new_tokens_planner", type=int, default=64, help="the run's model.max_new_tokens_planner")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     from transformers import AutoTokenizer
@@ -59,7 +60,8 @@ def main() -> int:
     engine = make_engine("vllm", args.model, EngineConfig(max_lora_rank=16), seed=args.seed)
     engine.set_adapter(adapter)
     codec = Codec(AutoTokenizer.from_pretrained(args.model), TemplatesConfig())
-    ro = RolloutSpec(max_turns=args.max_turns, temperature=args.temperature)
+    ro = RolloutSpec(max_turns=args.max_turns, max_new_tokens_planner=args.max_new_tokens_planner,
+                     temperature=args.temperature)
     scored = score_episodes(Rollout(engine, codec, ro).run(rows, n=args.samples, seed=args.seed), spec)
     engine.close()
     print(f"{adapter}: {len(rows)} {args.split} questions x {args.samples} samples at T={args.temperature}, "

@@ -19,6 +19,7 @@ from utils.agent.engines import make_engine  # noqa: E402
 from utils.agent.rollout import Codec, Rollout, RolloutSpec  # noqa: E402
 from utils.core.schema import DataConfig, EngineConfig, TemplatesConfig  # noqa: E402
 from utils.data.synthetic import generate_rows  # noqa: E402
+from tests.helpers import SHORT_CHAINS  # noqa: E402
 
 
 def main() -> int:
@@ -40,7 +41,7 @@ def main() -> int:
         adapter = train_gold_adapter(args.model, Path(tempfile.mkdtemp()) / "adapter")
         print(f"trained a protocol adapter in {time.time() - t0:.0f}s")
     rows = [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])]}
-            for r in generate_rows(DataConfig(n_train=0, n_val=0, n_test=args.questions, seed=99))["test"]]
+            for r in generate_rows(DataConfig(n_train=0, n_val=0, n_test=args.questions, seed=99, **SHORT_CHAINS))["test"]]
     cfg = EngineConfig(max_lora_rank=8)
     print(f"{'engine':<8}{'episodes':>10}{'gen tokens':>12}{'seconds':>10}{'tokens/s':>10}{'episodes/s':>12}{'turns/ep':>10}")
     for name in args.engines.split(","):

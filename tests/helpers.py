@@ -9,6 +9,10 @@ from pathlib import Path
 from utils.agent.episode import Example
 from utils.core.stream import Cursor, take
 
+# The chains the quick adapters are trained and exercised on: 2-3 subtasks, which 150 SFT steps
+# learn (the default's 1-6-step chains need a few hundred steps and still fail on 5 and 6).
+SHORT_CHAINS = {"min_steps": 2, "max_steps": 3}
+
 
 def quick_sft(model, examples: list[Example], steps: int, lr: float, batch_size: int, seed: int, pad_id: int) -> list[float]:
     """A plain SFT loop (no checkpoints, no clipping) over the library's loss and data stream."""
@@ -54,7 +58,7 @@ def train_gold_adapter(base_path: Path, out_dir: Path, n_rows: int = 400, steps:
 
     tok = AutoTokenizer.from_pretrained(base_path)
     rows = [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])], "meta": {"steps": r["steps"]}}
-            for r in generate_rows(DataConfig(n_train=n_rows, n_val=0, n_test=0))["train"]]
+            for r in generate_rows(DataConfig(n_train=n_rows, n_val=0, n_test=0, **SHORT_CHAINS))["train"]]
     torch.manual_seed(seed)  # the LoRA init draws from torch's RNG: seed it, or the adapter depends on test order
     model = load_policy(base_path, LoraConfig(rank=8, alpha=16))
     quick_sft(model, gold_examples(rows, Codec(tok, TemplatesConfig())), steps=steps, lr=3e-3, batch_size=32,

@@ -210,9 +210,10 @@ def test_check_refuses_synthetic_files_generated_with_other_knobs(tmp_path, synt
     out = tmp_path / "outputs"
     data = ["--set", f"data.path={synth}", "--set", "data.n_train=60", "--set", "data.n_val=10",
             "--set", "data.n_test=20"]
-    assert run_stage("00_check_data", out, *data, "--set", "data.max_steps=5") == 1
+    made = DataConfig().max_steps  # what the fixture's files were generated with
+    assert run_stage("00_check_data", out, *data, "--set", f"data.max_steps={made + 1}") == 1
     err = capsys.readouterr().err
-    assert f"{synth / 'manifest.json'}" in err and "max_steps: files have 3, config has 5" in err
+    assert f"{synth / 'manifest.json'}" in err and f"max_steps: files have {made}, config has {made + 1}" in err
     assert "bash download.sh" in err
     assert manifest(out, "00_check_data")["status"] == "failed"
     assert run_stage("00_check_data", out, *data) == 0  # the knobs the files were made with pass

@@ -8,12 +8,13 @@ from utils.agent.rollout import Codec, Rollout, RolloutSpec
 from utils.core.schema import TemplatesConfig
 from utils.data.synthetic import generate_rows
 from utils.core.schema import DataConfig
+from helpers import SHORT_CHAINS
 
 LOGPROB_TOL = 1e-4  # fp32 on CPU (measured agreement: docs/ARCHITECTURE.md "Engines")
 
 
 def _rows(n=12):
-    rows = generate_rows(DataConfig(n_train=0, n_val=0, n_test=n, seed=77))["test"]
+    rows = generate_rows(DataConfig(n_train=0, n_val=0, n_test=n, seed=77, **SHORT_CHAINS))["test"]
     return [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])]} for r in rows]
 
 

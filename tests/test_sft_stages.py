@@ -38,7 +38,8 @@ def _records(out):
 
 def test_gold_traces_follow_the_rollout_protocol(prepared, base_dir):
     out, args = prepared
-    assert run_stage("03_generate_sft_traces", out, *args) == 0
+    # no length cap (the default task's tier caps demonstrations at 4 subtasks + 16 longer): one per row
+    assert run_stage("03_generate_sft_traces", out, *args, "--set", "traces.max_subtasks=0") == 0
     recs = _records(out)
     assert len(recs) == 60
     tok = AutoTokenizer.from_pretrained(base_dir)
@@ -66,11 +67,12 @@ def test_trace_caps_keep_short_chains_then_the_first_n(prepared):
     train = [json.loads(x) for x in (out / "t" / "01_prepare_dataset" / "train.jsonl").read_text().splitlines()]
     short = [r["id"] for r in train if len(r["meta"]["steps"]) <= 2]
     assert 0 < len(short) < len(train)  # the fixture has both lengths, so the cap can fail
-    assert run_stage("03_generate_sft_traces", out, *args, "--set", "traces.max_subtasks=2") == 0
+    no_long = ("--set", "traces.long_traces=0")  # the default task's tier lets 16 longer ones through
+    assert run_stage("03_generate_sft_traces", out, *args, "--set", "traces.max_subtasks=2", *no_long) == 0
     recs = _records(out)
     assert [r["qid"] for r in recs] == short
     assert all(len(r["executor_calls"]) <= 2 for r in recs)
-    assert run_stage("03_generate_sft_traces", out, *args, "--set", "traces.max_subtasks=2",
+    assert run_stage("03_generate_sft_traces", out, *args, "--set", "traces.max_subtasks=2", *no_long,
                      "--set", "traces.max_traces=5") == 0
     assert [r["qid"] for r in _records(out)] == short[:5]
     long_ids = [r["id"] for r in train if len(r["meta"]["steps"]) > 2]

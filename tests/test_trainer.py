@@ -10,7 +10,7 @@ import torch
 from transformers import AutoTokenizer
 
 from test_sft_stages import prepared  # noqa: F401 - fixture
-from helpers import kill_once_logged
+from helpers import SHORT_CHAINS, kill_once_logged
 from test_data_stages import manifest, run_stage
 from utils.core.config import ROOT
 from utils.agent.rollout import Codec, Rollout, RolloutSpec
@@ -30,7 +30,7 @@ def _trainer(cfg, engine, adapter, tmp_path, base_dir):
     tok = AutoTokenizer.from_pretrained(base_dir)
     codec = Codec(tok, cfg.model.templates)
     rows = [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])], "meta": {"steps": r["steps"]}}
-            for r in generate_rows(DataConfig(n_train=40, n_val=0, n_test=0))["train"]]
+            for r in generate_rows(DataConfig(n_train=40, n_val=0, n_test=0, **SHORT_CHAINS))["train"]]
     model = load_policy(base_dir, cfg.model.lora, adapter=adapter)
     ro = Rollout(engine, codec, RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature))
     return GrpoTrainer(cfg, model, engine, ro, RewardSpec(), rows, gold_examples(rows, codec), tok.pad_token_id,
