@@ -9,9 +9,10 @@
     7. update the RED state
     8. give the new adapter to the engine
 
-Departures from the seed, stated once: the PPO "old" log-probs are the trainer's recomputation
-(the sampler's log-probs are compared with them and the mean absolute difference is logged as
-`rollout/logprob_mismatch`, so a stale sampler is visible). All policy log-probs (old, new, KL
+Departures from the seed, stated once: the PPO "old" log-probs are the trainer's, not the
+sampler's: with one optimizer pass per batch (the default) the update's own, detached; with more,
+a separate forward before the first pass. The sampler's log-probs are compared with them and the
+mean absolute difference is logged as `rollout/logprob_mismatch`, so a stale sampler is visible. All policy log-probs (old, new, KL
 reference) are of the tempered distribution the rollout sampled from, logits / T. The KL reference
 is the policy RL starts from: the SFT warmup adapter, frozen (`add_reference`), not the bare base,
 which does not know the protocol; its log-probs are computed once per step with the old ones.
@@ -61,15 +62,20 @@ class LossTerms:
 
 def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor, sft: tuple | None, alg, red_state,
                   batch_accuracy: float, ref_lp: torch.Tensor | None = None) -> LossTerms:
-    """L = L_GRPO − β·H_rl + w·α·L_SFT + kl_coef·KL, with every term's value in `stats`. `ref_lp`
-    [S, T-1] are the KL reference's log-probs of the batch (needed when kl_coef > 0)."""
+    """L = L_GRPO − β·H_rl + w·α·L_SFT + kl_coef·KL, with every term's value in `stats`. `old_lp`
+    [S, T-1] are the sampling policy's log-probs (None: this forward's own, detached, which is exact
+    when the batch gets one optimizer pass); `ref_lp` the KL reference's (needed when kl_coef > 0);
+    `stats["rollout/logprob_mismatch"]` is the mean |old − sampler| over trained tokens."""
     rl = alg.rl
     logp, ent = forward_logprobs(model, batch.ids, batch.attn, with_entropy=True, temperature=rl.temperature)
+    if old_lp is None:  # one pass per batch: the policy being updated is the one that sampled
+        old_lp = logp.detach()
     pg, pg_stats = ppo_clip_loss(logp, old_lp, batch.adv, batch.mask, rl.clip_low, rl.clip_high, rl.loss_agg)
     h_rl = aggregate("token-mean", ent, batch.mask)
     loss = pg - rl.entropy_coef * h_rl
+    mismatch = ((old_lp - batch.sampler_lp).abs() * batch.mask).sum() / batch.mask.sum().clamp(min=1)
     stats = {"actor/pg_loss": pg.item(), "actor/rl_entropy": h_rl.item(), "actor/clip_frac": pg_stats["clip_frac"],
-             "actor/ratio_mean": pg_stats["ratio_mean"]}
+             "actor/ratio_mean": pg_stats["ratio_mean"], "rollout/logprob_mismatch": mismatch.item()}
     if rl.kl_coef > 0:
         if ref_lp is None:
             raise ValueError("algorithm.rl.kl_coef > 0 needs the reference log-probs (add_reference)")

@@ -48,6 +48,7 @@ class GrpoTrainer:
         params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=self.alg.rl.lr, weight_decay=self.alg.rl.weight_decay)
         self.state = TrainState()
+        self.last_rollout: tuple[list[dict], list] | None = None
         self.ckpt_dir = out_dir / "ckpt"
         self.policy_dir = out_dir / "policy"
 
@@ -116,13 +117,21 @@ class GrpoTrainer:
 
     def _fixed_logprobs(self, batch) -> tuple:
         """(old, reference) log-probs of the batch: the policy the sampler served and, when the KL term
-        is on, the frozen reference; in eval mode, so dropout does not perturb them."""
+        is on, the frozen reference; in eval mode, so dropout does not perturb them.
+
+        With one optimizer pass per batch (`ppo_epochs=1`) the policy being updated is the one that
+        sampled, so the old log-probs are the update's own, detached (grpo.red_grpo_loss): no
+        separate forward pass, and None here."""
         if batch is None:
             return None, None
         rl = self.alg.rl
+        if rl.ppo_epochs == 1 and rl.kl_coef == 0:
+            return None, None
         self.model.eval()
-        with torch.no_grad():
-            old_lp, _ = forward_logprobs(self.model, batch.ids, batch.attn, temperature=rl.temperature)
+        old_lp = None
+        if rl.ppo_epochs > 1:
+            with torch.no_grad():
+                old_lp, _ = forward_logprobs(self.model, batch.ids, batch.attn, temperature=rl.temperature)
         ref_lp = reference_logprobs(self.model, batch.ids, batch.attn, rl.temperature) if rl.kl_coef > 0 else None
         self.model.train()
         return old_lp, ref_lp
@@ -156,6 +165,7 @@ class GrpoTrainer:
         t0 = time.time()
         rows = take(self.rows, rl.questions_per_step, f"{seed}/q", self.state.questions)
         episodes = self.rollout.run(rows, n=rl.n_samples, seed=seed, step=self.state.step)
+        self.last_rollout = (rows, episodes)  # what benchmarks/step_profile.py replays
         timings["time/rollout"] = time.time() - t0
         t0 = time.time()
         scored = score_episodes(episodes, self.spec)
@@ -166,10 +176,10 @@ class GrpoTrainer:
         t0 = time.time()
         batch = build_rl_batch(episodes, adv, self.pad_id)
         old_lp, ref_lp = self._fixed_logprobs(batch)
-        mismatch = ((old_lp - batch.sampler_lp).abs() * batch.mask).sum() / batch.mask.sum() if batch else torch.tensor(0.)
         timings["time/logprobs"] = time.time() - t0
         t0 = time.time()
         stats, skipped = self._update(batch, old_lp, accuracy, ref_lp)
+        mismatch = stats.pop("rollout/logprob_mismatch", 0.0)
         timings["time/update"] = time.time() - t0
         self.state.step += 1
         timings["time/weight_sync"] = self.sync_policy()

@@ -68,13 +68,72 @@ def reference_logprobs(model, ids, attn, temperature: float = 1.0):
     return logp
 
 
+PASS_COST_TOKENS = 256  # a forward pass's fixed cost, in padded tokens (benchmarks/step_profile.py)
+
+
+def length_chunks(lengths: list[int], pass_cost: int = PASS_COST_TOKENS) -> list[list[int]]:
+    """Indices of a batch's sequences grouped into forward passes, longest first.
+
+    A batch mixes long planner conversations with short executor calls; padding them all to the
+    widest wastes most of the compute. Sequences sorted by length are cut into consecutive runs,
+    each padded only to its own longest, choosing the cuts that minimise
+    (padded tokens + `pass_cost` per pass) exactly (dynamic programming over the sorted order).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    widths = [lengths[i] for i in order]
+    n = len(widths)
+    cost, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
+    for end in range(1, n + 1):
+        for start in range(end):  # the last run is order[start:end], padded to widths[start]
+            c = cost[start] + pass_cost + (end - start) * widths[start]
+            if c < cost[end]:
+                cost[end], cut[end] = c, start
+    runs, end = [], n
+    while end:
+        runs.append(order[cut[end]:end])
+        end = cut[end]
+    return runs[::-1]
+
+
+def _logprobs(model, ids, attn, with_entropy: bool, temperature: float):
+    logits = model(input_ids=ids, attention_mask=attn).logits
+    logp = gather_logprobs(logits if temperature == 1.0 else logits / temperature, ids)
+    return logp, (token_entropy(logits[:, :-1]) if with_entropy else None)
+
+
 def forward_logprobs(model, ids, attn, with_entropy: bool = False, temperature: float = 1.0):
     """Next-token log-probs [S, T-1] of `ids` under `model` at the sampling `temperature` (logits / T:
     the distribution the sampler drew from), and optionally the entropies [S, T-1] of the untempered
-    distribution (the one estimator RED compares on RL and SFT tokens)."""
-    logits = model(input_ids=ids, attention_mask=attn).logits
-    logp = gather_logprobs(logits if temperature == 1.0 else logits / temperature, ids)
-    return (logp, token_entropy(logits[:, :-1])) if with_entropy else (logp, None)
+    distribution (the one estimator RED compares on RL and SFT tokens).
+
+    A right-padded batch runs in `length_chunks` passes, each trimmed to its own longest sequence;
+    a causal model's values at real positions do not depend on the padding after them, so only
+    fp32 rounding differs from one pass over the whole batch. Values at padding positions are
+    meaningless (0 or computed on padding); every consumer masks them. A batch with other padding
+    runs in one pass.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    lengths = attn.sum(dim=1)
+    width = ids.shape[1]
+    if not bool((attn == (torch.arange(width, device=attn.device) < lengths[:, None])).all()):
+        return _logprobs(model, ids, attn, with_entropy, temperature)
+    runs = length_chunks(lengths.tolist())
+    if len(runs) == 1 and int(lengths.max()) == width:
+        return _logprobs(model, ids, attn, with_entropy, temperature)
+    logps, ents, order = [], [], []
+    for run in runs:
+        idx = torch.tensor(run, device=ids.device)
+        w = int(lengths[run[0]])
+        logp, ent = _logprobs(model, ids[idx, :w], attn[idx, :w], with_entropy, temperature)
+        logps.append(F.pad(logp, (0, width - w)))
+        if with_entropy:
+            ents.append(F.pad(ent, (0, width - w)))
+        order += run
+    inverse = torch.empty(len(order), dtype=torch.long, device=ids.device)
+    inverse[torch.tensor(order, device=ids.device)] = torch.arange(len(order), device=ids.device)
+    return torch.cat(logps)[inverse], (torch.cat(ents)[inverse] if with_entropy else None)
 
 
 def sft_batch(examples: list[Example], pad_id: int):

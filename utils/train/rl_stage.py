@@ -66,14 +66,32 @@ def _match_red(run: StageRun, cfg) -> float:
     return mean
 
 
-def run_rl_stage(stage: str, description: str, argv: list[str], default_algorithm: str) -> int:
-    """Parse the stage's flags (adding --algorithm DEFAULT unless given), train, write the manifest."""
+def build_trainer(cfg, adapter: Path, traces: Path, train_path: Path, spec_path: Path, out: Path, logger,
+                  config_sha: str):
+    """The RL trainer of `cfg`'s method, starting from the SFT `adapter`, with its sampling engine
+    (`trainer.engine`); also what benchmarks/step_profile.py times."""
     import torch
-    from tqdm import tqdm
     from transformers import AutoTokenizer
 
     from utils.agent.engines import make_engine
     from utils.train.grpo_trainer import GrpoTrainer
+
+    base = model_dir(cfg)
+    tok = AutoTokenizer.from_pretrained(base)
+    torch.manual_seed(cfg.seed)  # LoRA init draws from torch's RNG
+    model = load_policy(base, cfg.model.lora, cfg.model.dtype, adapter=adapter)
+    if cfg.algorithm.rl.kl_coef > 0:
+        add_reference(model, adapter)  # the KL reference is where RL starts: the SFT warmup adapter
+    engine = make_engine(cfg.model.engine.name, base, cfg.model.engine, cfg.seed)
+    rollout = Rollout(engine, Codec(tok, cfg.model.templates), RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature))
+    return GrpoTrainer(cfg, model, engine, rollout, read_spec(spec_path), read_jsonl(train_path),
+                       read_trace_examples(traces), tok.pad_token_id, out, logger, config_sha)
+
+
+def run_rl_stage(stage: str, description: str, argv: list[str], default_algorithm: str) -> int:
+    """Parse the stage's flags (adding --algorithm DEFAULT unless given), train, write the manifest."""
+    import torch
+    from tqdm import tqdm
 
     argv = list(argv) if "--algorithm" in argv else ["--algorithm", default_algorithm, *argv]
     cfg, _ = parse_stage_args(description, argv)
@@ -88,19 +106,10 @@ def run_rl_stage(stage: str, description: str, argv: list[str], default_algorith
             run.metrics["sft_loss_coef"] = round(cfg.algorithm.sft.loss_coef, 6)
             print(f"{stage}: {method} uses red's mean SFT weight {run.metrics['red_mean_final_weight']}: "
                   f"loss_coef {run.metrics['sft_loss_coef']}")
-        base = model_dir(cfg)
-        tok = AutoTokenizer.from_pretrained(base)
-        torch.manual_seed(cfg.seed)  # LoRA init draws from torch's RNG
-        model = load_policy(base, cfg.model.lora, cfg.model.dtype, adapter=adapter)
-        if cfg.algorithm.rl.kl_coef > 0:
-            add_reference(model, adapter)  # the KL reference is where RL starts: the SFT warmup adapter
-        engine = make_engine(cfg.model.engine.name, base, cfg.model.engine, cfg.seed)
-        rollout = Rollout(engine, Codec(tok, cfg.model.templates),
-                          RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature))
         logger = MetricsLogger.create(out / "metrics.jsonl", cfg.wandb_mode, WANDB_PROJECT, f"{cfg.run_id}-{method}",
                                       to_dict(cfg))
-        trainer = GrpoTrainer(cfg, model, engine, rollout, read_spec(spec_path), read_jsonl(train_path),
-                              read_trace_examples(traces), tok.pad_token_id, out, logger, run.data["config_sha256"])
+        trainer = build_trainer(cfg, adapter, traces, train_path, spec_path, out, logger, run.data["config_sha256"])
+        engine, model = trainer.engine, trainer.model
         resumed = trainer.try_resume()
         if resumed:
             print(f"{stage}: resuming {method} from step {trainer.state.step}")

@@ -1,0 +1,172 @@
+"""Where one RL step's time goes, on a run's own inputs, as ratios taken in the same process.
+
+    .venv/bin/python benchmarks/step_profile.py [--run outputs/run_001] [--algorithm red] [--steps 3]
+
+Builds the trainer exactly as 05 does (utils/train/rl_stage.build_trainer) from the run's SFT
+warmup adapter, traces, train split and reward spec, runs one untimed warm-up step and `--steps`
+timed ones (writing only under a temporary directory), then replays the last step's questions on
+the policy it ended with:
+- the agent rollout on vLLM, on HF generate, and one raw vLLM call that generates the same number
+  of tokens (one request per episode, no stop strings, EOS ignored);
+- the trainer's update against a bare forward+backward over the same sequences (the last RL batch
+  and an SFT batch; no loss terms, no optimizer) in the trainer's own length-chunked passes (P3),
+  and in one pass padded to the widest (what the update cost before chunking);
+- a greedy evaluation of `--eval_items` test questions on the running engine (07's workload;
+  timing only, nothing is chosen on it).
+Above the last line: per-phase seconds and shares. The last line:
+
+    P1=<agent rollout tok/s / raw single-call tok/s> P2=<vLLM / HF agent tok/s>
+    P3=<update tok/s / bare fwd+bwd tok/s, same passes> sync_share=<weight sync / step>
+
+Every figure is a ratio of two timings from this one run, since the box is shared and noisy.
+README "Speed" quotes it. Not a test.
+"""
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from utils.agent.engines import make_engine  # noqa: E402
+from utils.agent.rollout import Rollout  # noqa: E402
+from utils.core.cli import parse_stage_args  # noqa: E402
+from utils.core.config import ROOT  # noqa: E402
+from utils.core.io import read_records  # noqa: E402
+from utils.core.stages import model_dir  # noqa: E402
+from utils.core.tracking import MetricsLogger  # noqa: E402
+from utils.eval.evaluation import greedy_eval  # noqa: E402
+from utils.agent.rollout import RolloutSpec  # noqa: E402
+from utils.train.grpo import build_rl_batch  # noqa: E402
+from utils.train.policy import length_chunks, sft_batch  # noqa: E402
+from utils.train.rl_stage import build_trainer  # noqa: E402
+
+PHASES = ("rollout", "scoring", "logprobs", "update", "weight_sync")
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def raw_single_call(engine, prompts: list[list[int]], tokens_each: int, seed: int) -> tuple[int, float]:
+    """(tokens, seconds) of one vLLM generate call: every prompt decodes exactly `tokens_each` tokens."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=tokens_each, min_tokens=tokens_each, ignore_eos=True, temperature=1.0,
+                            seed=seed, logprobs=0)
+    outs, dt = timed(lambda: engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
+                                                 lora_request=engine.lora, use_tqdm=False))
+    return sum(len(o.outputs[0].token_ids) for o in outs), dt
+
+
+def bare_update(model, batches, chunked: bool) -> float:
+    """Seconds of forward + backward of sum(logits) over the padded batches, each in one pass or in
+    the trainer's length_chunks passes: the compute floor the update pays, without its loss terms,
+    optimizer and bookkeeping."""
+    model.train()
+    passes = []
+    for ids, attn in batches:
+        lengths = attn.sum(dim=1)
+        runs = length_chunks(lengths.tolist()) if chunked else [list(range(len(ids)))]
+        for run in runs:
+            w = int(lengths[run].max())
+            passes.append((ids[run, :w] if chunked else ids, attn[run, :w] if chunked else attn))
+    t0 = time.perf_counter()
+    for ids, attn in passes:
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, attention_mask=attn).logits.sum().backward()
+    dt = time.perf_counter() - t0
+    model.zero_grad(set_to_none=True)
+    return dt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=Path, default=ROOT / "outputs" / "run_001")
+    ap.add_argument("--algorithm", default="red")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
+    ap.add_argument("--eval_items", type=int, default=200)
+    args = ap.parse_args()
+    import torch
+
+    run = args.run
+    cfg, _ = parse_stage_args(__doc__, ["--algorithm", args.algorithm, "--run_id", run.name,
+                                        "--set", f"algorithm.rl.steps={args.steps + 1}"])
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    inputs = (run / "04_sft_warmup" / "ckpt_sft" / "best", run / "03_generate_sft_traces" / "sft_traces.jsonl",
+              run / "01_prepare_dataset" / "train.jsonl", run / "02_build_rewards" / "reward_spec.yaml")
+    missing = [str(p) for p in inputs if not p.exists()]
+    if missing:
+        sys.exit(f"step_profile: {', '.join(missing)} missing: run 09_driver.py (or 00-04) for {run} first")
+    out = Path(tempfile.mkdtemp(prefix="step_profile_"))
+    trainer = build_trainer(cfg, *inputs, out, MetricsLogger(out / "metrics.jsonl"), "profile")
+    trainer.sync_policy()
+    trainer.model.train()
+    trainer.step()  # warm-up: first-call costs (kernels, LoRA load) are not a step's
+    history = []
+    for _ in range(args.steps):
+        trainer.model.train()
+        m, dt = timed(trainer.step)
+        history.append({**m, "time/step": dt})
+    mean = lambda k: statistics.fmean(h[k] for h in history)  # noqa: E731
+    step_s = mean("time/step")
+    print(f"{cfg.algorithm.method} on {run}: {args.steps} timed steps of {cfg.algorithm.rl.questions_per_step} "
+          f"questions x {cfg.algorithm.rl.n_samples} samples, {mean('rollout/turns_per_episode'):.2f} turns/episode")
+    print(f"{'phase':<14}{'s/step':>8}{'share':>8}")
+    for ph in PHASES:
+        print(f"{ph:<14}{mean('time/' + ph):>8.3f}{mean('time/' + ph) / step_s:>8.1%}")
+    print(f"{'step':<14}{step_s:>8.3f}")
+
+    # replay the last step's questions on the policy it ended with
+    rows, episodes = trainer.last_rollout
+    rl = cfg.algorithm.rl
+    agent = {}
+    for name in ("vllm", "hf"):
+        engine = trainer.engine if name == "vllm" else make_engine("hf", model_dir(cfg), cfg.model.engine, cfg.seed)
+        engine.set_adapter(trainer.policy_dir / f"step_{trainer.state.step}")
+        ro = Rollout(engine, trainer.rollout.codec, trainer.rollout.spec)
+        eps, dt = timed(lambda: ro.run(rows, n=rl.n_samples, seed=cfg.seed, step=10_000))
+        agent[name] = (sum(e.n_generated() for e in eps), dt, eps)
+    tokens, dt, eps = agent["vllm"]
+    prompts = [e.segments[0].context_ids for e in eps if e.segments]
+    raw_tokens, raw_dt = raw_single_call(trainer.engine, prompts, math.ceil(tokens / len(prompts)), cfg.seed)
+    hf_tokens, hf_dt, _ = agent["hf"]
+    print(f"{'rollout':<28}{'tokens':>8}{'s':>8}{'tok/s':>8}")
+    print(f"{'agent, vLLM':<28}{tokens:>8}{dt:>8.2f}{tokens / dt:>8.0f}")
+    print(f"{'agent, HF generate':<28}{hf_tokens:>8}{hf_dt:>8.2f}{hf_tokens / hf_dt:>8.0f}")
+    print(f"{'raw vLLM, one call':<28}{raw_tokens:>8}{raw_dt:>8.2f}{raw_tokens / raw_dt:>8.0f}")
+
+    batch = build_rl_batch(episodes, torch.zeros(len(episodes)), trainer.pad_id)
+    sft = sft_batch(trainer._sft_examples(), trainer.pad_id) if cfg.algorithm.sft.enabled else None
+    padded = [(batch.ids, batch.attn)] + ([(sft[0], sft[1])] if sft is not None else [])
+    real = sum(int(a.sum()) for _, a in padded)
+    bare_dt = bare_update(trainer.model, padded, chunked=True)
+    one_pass_dt = bare_update(trainer.model, padded, chunked=False)
+    update_dt = history[-1]["time/update"]  # the step whose batch is replayed
+    print(f"{'update (real tokens)':<34}{'tokens':>8}{'s':>8}{'tok/s':>8}")
+    print(f"{'trainer update (last step)':<34}{real:>8}{update_dt:>8.2f}{real / update_dt:>8.0f}")
+    print(f"{'bare fwd+bwd, same passes':<34}{real:>8}{bare_dt:>8.2f}{real / bare_dt:>8.0f}")
+    print(f"{'bare fwd+bwd, one padded pass':<34}{real:>8}{one_pass_dt:>8.2f}{real / one_pass_dt:>8.0f}")
+
+    val = [r for _, r in read_records(run / "01_prepare_dataset" / "test.jsonl")][:args.eval_items]
+    spec = RolloutSpec.from_config(cfg, 0.0)
+    (summary, _), eval_dt = timed(lambda: greedy_eval(trainer.engine, trainer.rollout.codec, val, trainer.spec, spec))
+    print(f"greedy evaluation of {len(val)} test items on the running engine: {eval_dt:.1f} s "
+          f"(accuracy {summary['accuracy']:.3f})")
+    p1 = (tokens / dt) / (raw_tokens / raw_dt)
+    p2 = (tokens / dt) / (hf_tokens / hf_dt)
+    p3 = (real / update_dt) / (real / bare_dt)
+    print(f"P1={p1:.2f} P2={p2:.2f} P3={p3:.2f} sync_share={mean('time/weight_sync') / step_s:.3f}")
+    trainer.engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
