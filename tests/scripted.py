@@ -6,16 +6,17 @@ the engine (parsing, ending, masks, serialisation) runs unchanged.
 """
 import torch
 
-from utils.agent.engines import Sample, _truncate_at_stop
+from utils.agent.engines import BatchedCalls, Sample, _truncate_at_stop
 
 
-class ScriptedEngine:
+class ScriptedEngine(BatchedCalls):
     name = "scripted"
 
     def __init__(self, model, tokenizer, planner_script, executor_script):
         self.model, self.tokenizer = model, tokenizer
         self.scripts = {"planner": list(planner_script), "executor": list(executor_script)}
         self.calls = {"planner": 0, "executor": 0}
+        self._queue = []
 
     def set_adapter(self, path):
         raise NotImplementedError

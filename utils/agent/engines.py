@@ -57,6 +57,13 @@ class Engine(Protocol):
     def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Sample]]:
         """`spec.n` samples for each prompt; `seeds[i]` seeds prompt i."""
 
+    def submit(self, key, prompt: list[int], spec: SamplingSpec, seed: int) -> None:
+        """Queue one request (spec.n must be 1); its result comes back from `poll` under `key`."""
+
+    def poll(self) -> list[tuple[object, Sample]]:
+        """Run queued requests until at least one finishes; (key, sample) of each finished one,
+        [] when nothing is queued. Results may come back in any order."""
+
     def set_adapter(self, path: Path | None) -> None:
         """Make the LoRA adapter at `path` (None: the bare base) the current policy."""
 
@@ -84,7 +91,31 @@ def _truncate_at_stop(tokenizer, ids: list[int], stops: list[str], eos_id: int |
     return lo, tokenizer.decode(ids[:lo], skip_special_tokens=True), "stop"
 
 
-class HFEngine:
+class BatchedCalls:
+    """`submit`/`poll` over an engine's `generate`: each poll runs everything queued, one generate
+    call per distinct spec (smallest token budget first), seeded by its first request's seed. So a
+    rollout on such an engine advances turn by turn, all episodes together."""
+
+    _queue: list[tuple]
+
+    def submit(self, key, prompt: list[int], spec: SamplingSpec, seed: int) -> None:
+        self._queue.append((key, prompt, spec, seed))
+
+    def poll(self) -> list[tuple[object, Sample]]:
+        queue, self._queue = self._queue, []
+        groups: dict[tuple, list] = {}
+        for item in queue:
+            spec = item[2]
+            groups.setdefault((spec.max_tokens, spec.temperature, spec.top_p, tuple(spec.stop)), []).append(item)
+        done = []
+        for k in sorted(groups, key=lambda k: k[0]):
+            items = groups[k]
+            results = self.generate([p for _, p, _, _ in items], items[0][2], [s for _, _, _, s in items])
+            done += [(key, r[0]) for (key, _, _, _), r in zip(items, results)]
+        return done
+
+
+class HFEngine(BatchedCalls):
     """transformers generate, batched with left padding, optionally with a peft adapter."""
 
     name = "hf"
@@ -103,6 +134,7 @@ class HFEngine:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
         self.batch_size = cfg.hf_batch_size
+        self._queue: list[tuple] = []
 
     def set_adapter(self, path: Path | None) -> None:
         from peft import PeftModel
@@ -192,6 +224,8 @@ class VLLMEngine:
         self.max_model_len = cfg.max_model_len
         self._next_id = 1
         self.lora = None
+        self._pending: dict[str, object] = {}  # vLLM request id -> the caller's key
+        self._next_request = 0
 
     def set_adapter(self, path: Path | None) -> None:
         from vllm.lora.request import LoRARequest
@@ -223,15 +257,32 @@ class VLLMEngine:
         params = [self._params(spec, s) for s in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
                                  lora_request=self.lora, use_tqdm=False)
-        result = []
-        for out in outs:
-            samples = []
-            for c in sorted(out.outputs, key=lambda c: c.index):
-                ids = list(c.token_ids)
-                lps = [d[t].logprob for d, t in zip(c.logprobs or [], ids)]
-                samples.append(Sample(ids, c.text, lps, "stop" if c.finish_reason == "stop" else "length"))
-            result.append(samples)
-        return result
+        return [[_vllm_sample(c) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outs]
+
+    def submit(self, key, prompt: list[int], spec: SamplingSpec, seed: int) -> None:
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if spec.n != 1:
+            raise ValueError("submit takes one sample per request (spec.n = 1)")
+        params = self._params(spec, seed)
+        params.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate asks: the finished output only
+        rid = f"agent-{self._next_request}"  # outputs carry this id (add_request's return value is internal)
+        self._next_request += 1
+        self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params, lora_request=self.lora)
+        self._pending[rid] = key
+
+    def poll(self) -> list[tuple[object, Sample]]:
+        """Engine steps until a request finishes: one continuously batched stream, so a request
+        submitted while others decode joins the next step instead of waiting for them."""
+        done = []
+        while self._pending and not done:
+            if not self.llm.llm_engine.has_unfinished_requests():
+                raise RuntimeError(f"vLLM dropped {len(self._pending)} queued request(s) without output")
+            for out in self.llm.llm_engine.step():
+                if out.finished and out.request_id in self._pending:
+                    done.append((self._pending.pop(out.request_id), _vllm_sample(out.outputs[0])))
+        return done
 
     def prompt_logprobs(self, ids: list[int], start: int) -> list[float]:
         """Log-probs of ids[start:] given their prefixes, under the current policy (for checks)."""
@@ -245,6 +296,12 @@ class VLLMEngine:
 
     def close(self) -> None:
         del self.llm
+
+
+def _vllm_sample(c) -> Sample:
+    ids = list(c.token_ids)
+    lps = [d[t].logprob for d, t in zip(c.logprobs or [], ids)]
+    return Sample(ids, c.text, lps, "stop" if c.finish_reason == "stop" else "length")
 
 
 def _cuda_available() -> bool:

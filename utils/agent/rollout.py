@@ -1,11 +1,16 @@
 """The context-decoupled Planner/Executor rollout (docs/ARCHITECTURE.md, "Protocol").
 
-One shared model plays both roles. A batch of episodes advances turn by turn:
-1. one engine call samples the next planner turn of every live episode, from its persistent
-   context (prompt + its own earlier turns + injected results); it stops at </task> or </answer>;
-2. one engine call runs every subtask delegated in that turn, each executor starting fresh from
-   the executor prompt and the subtask alone; it stops at </answer>;
-3. each executor's answer is injected into its planner's context as <result>...</result>.
+One shared model plays both roles. Each episode of a batch cycles through:
+1. a planner turn, sampled from its persistent context (prompt + its own earlier turns + injected
+   results); it stops at </task> or </answer>;
+2. on a <task>, one executor call, starting fresh from the executor prompt and the subtask alone;
+   it stops at </answer>;
+3. the executor's answer injected into the planner's context as <result>...</result>, and the
+   next planner turn.
+Episodes do not wait for each other: every request goes to the engine's queue (`Engine.submit`)
+as soon as it is known, and finished ones come back from `Engine.poll`. On vLLM that is one
+continuously batched stream; HF runs each poll's queue as one generate call per spec, which
+reproduces a turn-by-turn barrier. Each request is seeded by (seed, step, episode, turn, role).
 
 An episode ends on the planner's <answer> ("answered"), or as "malformed" (a planner turn with
 neither a complete <task> nor <answer>, an empty subtask, or a context that no longer fits),
@@ -86,82 +91,74 @@ class Rollout:
         ep.status, ep.error = status, error
         ep.transcript += f"[end: {status}{': ' + error if error else ''}]\n"
 
-    def _call(self, role: str, contexts: list[list[int]], want: int, seeds: list[int]):
-        """One engine call for all contexts that fit; None for those that do not."""
-        stops = PLANNER_STOPS if role == PLANNER else EXECUTOR_STOPS
-        budgets = [self._budget(c, want) for c in contexts]
-        fit = [i for i, b in enumerate(budgets) if b > 0]
-        out: list = [None] * len(contexts)
-        # contexts with a smaller remaining budget go in their own call, so every call is one spec
-        for b in sorted({budgets[i] for i in fit}):
-            idx = [i for i in fit if budgets[i] == b]
-            res = self.engine.generate([contexts[i] for i in idx], self._sampling(b, stops), [seeds[i] for i in idx])
-            for i, r in zip(idx, res):
-                out[i] = r[0]
-        return out
+    def _submit(self, ep: Episode, key: tuple, context: list[int], want: int, seed: int) -> bool:
+        """Queue one turn's request; False (and nothing queued) if its context leaves no token budget."""
+        budget = self._budget(context, want)
+        if budget <= 0:
+            return False
+        stops = PLANNER_STOPS if key[0] == PLANNER else EXECUTOR_STOPS
+        self.engine.submit(key, context, self._sampling(budget, stops), seed)
+        return True
+
+    def _submit_planner(self, i: int, ep: Episode, seed: int, step: int, turn: int) -> None:
+        if turn >= self.spec.max_turns:
+            self._end(ep, "max_turns", f"no <answer> after {self.spec.max_turns} planner turns")
+        elif not self._submit(ep, (PLANNER, i, turn, None), ep.planner_ids, self.spec.max_new_tokens_planner,
+                              derive_seed(seed, step, i, turn, "planner")):
+            self._end(ep, "malformed", "planner context exceeds max_model_len")
 
     def run(self, rows: list[dict], n: int, seed: int, step: int = 0) -> list[Episode]:
-        """n episodes per row ({id, question, answers, context?}); deterministic in (seed, step)."""
+        """n episodes per row ({id, question, answers, context?}); deterministic in (seed, step).
+
+        Every request is seeded by (seed, step, episode, turn, role) alone, and episodes advance
+        independently: an executor call is queued as soon as its planner turn ends, and the next
+        planner turn as soon as its result is injected, all on the engine's one request stream."""
         episodes = []
         for row in rows:
             prompt, ids = self.codec.planner_prompt(row["question"], row.get("context"))
             for k in range(n):
                 episodes.append(Episode(row["id"], row["question"], list(row["answers"]), k, planner_ids=list(ids),
                                         transcript=prompt))
-        for turn in range(self.spec.max_turns):
-            live = [e for e in episodes if not e.done]
-            if not live:
-                break
-            self._planner_turn(live, seed, step, turn, episodes)
-        for e in episodes:
-            if not e.done:
-                self._end(e, "max_turns", f"no <answer> after {self.spec.max_turns} planner turns")
+        for i, ep in enumerate(episodes):
+            self._submit_planner(i, ep, seed, step, 0)
+        while done := self.engine.poll():
+            for (role, i, turn, call), sample in done:
+                if role == PLANNER:
+                    self._planner_done(i, episodes[i], turn, sample, seed, step)
+                else:
+                    self._executor_done(i, episodes[i], turn, call, sample, seed, step)
         return episodes
 
-    def _planner_turn(self, live: list[Episode], seed: int, step: int, turn: int, all_eps: list[Episode]) -> None:
-        index = {id(e): i for i, e in enumerate(all_eps)}
-        seeds = [derive_seed(seed, step, index[id(e)], turn, "planner") for e in live]
-        outs = self._call(PLANNER, [e.planner_ids for e in live], self.spec.max_new_tokens_planner, seeds)
-        delegated: list[tuple[Episode, str]] = []
-        for ep, s in zip(live, outs):
-            if s is None:
-                self._end(ep, "malformed", "planner context exceeds max_model_len")
-                continue
-            seg = Segment(PLANNER, turn, list(ep.planner_ids), s.token_ids, s.logprobs, s.text, s.finish_reason,
-                          format_score(s.text, PLANNER)[0])
-            ep.segments.append(seg)
-            ep.planner_ids = ep.planner_ids + s.token_ids
-            ep.transcript += s.text + "\n"
-            answer, task = last_action(s.text)
-            if answer is not None:
-                ep.final_answer = answer
-                self._end(ep, "answered")
-            elif task is None:
-                self._end(ep, "malformed", "planner turn has neither <task> nor <answer>")
-            elif not task.strip():
-                self._end(ep, "malformed", "empty <task>")
-            else:
-                delegated.append((ep, task.strip()))
-        self._executor_calls(delegated, seed, step, turn, index)
-
-    def _executor_calls(self, delegated, seed: int, step: int, turn: int, index: dict) -> None:
-        if not delegated:
-            return
-        contexts = [self.codec.executor_prompt(task) for _, task in delegated]
-        seeds = [derive_seed(seed, step, index[id(e)], turn, "executor") for e, _ in delegated]
-        outs = self._call(EXECUTOR, contexts, self.spec.max_new_tokens_executor, seeds)
-        for (ep, task), ctx, s in zip(delegated, contexts, outs):
-            if s is None:
+    def _planner_done(self, i: int, ep: Episode, turn: int, s, seed: int, step: int) -> None:
+        ep.segments.append(Segment(PLANNER, turn, list(ep.planner_ids), s.token_ids, s.logprobs, s.text,
+                                   s.finish_reason, format_score(s.text, PLANNER)[0]))
+        ep.planner_ids = ep.planner_ids + s.token_ids
+        ep.transcript += s.text + "\n"
+        answer, task = last_action(s.text)
+        if answer is not None:
+            ep.final_answer = answer
+            self._end(ep, "answered")
+        elif task is None:
+            self._end(ep, "malformed", "planner turn has neither <task> nor <answer>")
+        elif not task.strip():
+            self._end(ep, "malformed", "empty <task>")
+        else:
+            task = task.strip()
+            context = self.codec.executor_prompt(task)
+            if not self._submit(ep, (EXECUTOR, i, turn, (task, context)), context, self.spec.max_new_tokens_executor,
+                                derive_seed(seed, step, i, turn, "executor")):
                 self._end(ep, "executor_error", "executor context exceeds max_model_len")
-                continue
-            ep.segments.append(Segment(EXECUTOR, turn, ctx, s.token_ids, s.logprobs, s.text, s.finish_reason,
-                                       format_score(s.text, EXECUTOR)[0]))
-            ep.transcript += f"  [executor] {task} -> {s.text}\n"
-            answer = extract_tag(s.text, ANSWER)
-            if answer is None:
-                self._end(ep, "executor_error", "executor never closed <answer>")
-                continue
-            injected, injected_ids = self.codec.result(answer)
-            ep.planner_ids = ep.planner_ids + injected_ids
-            ep.transcript += injected
 
+    def _executor_done(self, i: int, ep: Episode, turn: int, call: tuple, s, seed: int, step: int) -> None:
+        task, context = call
+        ep.segments.append(Segment(EXECUTOR, turn, context, s.token_ids, s.logprobs, s.text, s.finish_reason,
+                                   format_score(s.text, EXECUTOR)[0]))
+        ep.transcript += f"  [executor] {task} -> {s.text}\n"
+        answer = extract_tag(s.text, ANSWER)
+        if answer is None:
+            self._end(ep, "executor_error", "executor never closed <answer>")
+            return
+        injected, injected_ids = self.codec.result(answer)
+        ep.planner_ids = ep.planner_ids + injected_ids
+        ep.transcript += injected
+        self._submit_planner(i, ep, seed, step, turn + 1)
