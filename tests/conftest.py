@@ -6,7 +6,8 @@ from utils.core.config import ROOT
 from utils.core.schema import EngineConfig
 
 BASE = ROOT / "artifacts" / "tiny-arith"
-ENGINE_CFG = EngineConfig(max_lora_rank=8, max_loras=2)
+ENGINE_CFG = EngineConfig(max_lora_rank=8, max_loras=2, memory_share=0.1)  # the tiny model's KV cache is small
+MERGED_CFG = EngineConfig(max_lora_rank=8, memory_share=0.1, lora_serving="merged")
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +32,22 @@ def vllm_engine():
     engine = VLLMEngine(BASE, ENGINE_CFG, seed=0)
     yield engine
     engine.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_merged():
+    """vLLM serving each adapter merged into the base weights (tiny-arith's default)."""
+    from utils.agent.engines import VLLMEngine
+
+    engine = VLLMEngine(BASE, MERGED_CFG, seed=0)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(params=["adapter", "merged"])
+def any_vllm(request):
+    """Each vLLM LoRA serving mode in turn."""
+    return request.getfixturevalue("vllm_engine" if request.param == "adapter" else "vllm_merged")
 
 
 @pytest.fixture(scope="session")

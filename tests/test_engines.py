@@ -24,7 +24,10 @@ def _greedy(engine, tok, rows):
 
 
 @pytest.mark.parametrize("which", ["base", "random_adapter", "protocol_adapter"])
-def test_greedy_rollouts_identical_across_engines(which, vllm_engine, hf_engine, adapters, protocol_adapter, base_dir):
+def test_greedy_rollouts_identical_across_engines(which, any_vllm, hf_engine, adapters, protocol_adapter, base_dir):
+    """Also checks that a policy change reaches prompts vLLM has cached: the same rows run under
+    each adapter in turn, so a stale prefix cache (merged serving) would diverge from HF."""
+    vllm_engine = any_vllm
     path = {"base": None, "random_adapter": adapters[0], "protocol_adapter": protocol_adapter}[which]
     tok = AutoTokenizer.from_pretrained(base_dir)
     vllm_engine.set_adapter(path)
@@ -78,6 +81,38 @@ def test_adapter_update_reaches_the_vllm_sampler(vllm_engine, adapters, base_dir
     vllm_engine.set_adapter(None)
     lp_base = vllm_engine.prompt_logprobs(ids, start)
     assert max(abs(x - y) for x, y in zip(lp_base, _peft_logprobs(base_dir, None, ids, start))) < LOGPROB_TOL
+
+
+def test_merged_serving_follows_each_adapter_and_restores_the_base(vllm_merged, adapters, base_dir):
+    """Merged serving: vLLM scores a continuation as transformers+peft does with each adapter in turn,
+    and after set_adapter(None) exactly as it did on the base before any adapter."""
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    ids = tok.encode("plan: 31-4+9\n<think>31-4+9</think><task>31-4</task>")
+    start = len(tok.encode("plan: 31-4+9\n"))
+    vllm_merged.set_adapter(None)
+    lp_base = vllm_merged.prompt_logprobs(ids, start)
+    a, b = adapters
+    for adapter in (a, b, a):
+        vllm_merged.set_adapter(adapter)
+        lp = vllm_merged.prompt_logprobs(ids, start)
+        assert max(abs(x - y) for x, y in zip(lp, _peft_logprobs(base_dir, adapter, ids, start))) < LOGPROB_TOL
+        assert max(abs(x - y) for x, y in zip(lp, lp_base)) > 1e-2  # the adapter really changed the weights
+    vllm_merged.set_adapter(None)
+    assert vllm_merged.prompt_logprobs(ids, start) == lp_base
+
+
+def test_merged_serving_refuses_what_it_cannot_merge(vllm_merged, adapters, tmp_path):
+    import json
+    import shutil
+
+    bad = tmp_path / "dora"
+    shutil.copytree(adapters[0], bad)
+    cfg = json.loads((bad / "adapter_config.json").read_text())
+    (bad / "adapter_config.json").write_text(json.dumps({**cfg, "use_dora": True}))
+    with pytest.raises(ValueError, match="use_dora cannot be served merged"):
+        vllm_merged.set_adapter(bad)
+    with pytest.raises(ValueError, match="no adapter_config.json"):
+        vllm_merged.set_adapter(tmp_path)
 
 
 def test_sampling_is_seeded_per_request(vllm_engine, base_dir):

@@ -43,8 +43,8 @@ def _cfg(*extra):
                                       "algorithm.rl.dump_freq=0", *extra])
 
 
-def test_vllm_sampler_stays_on_policy_across_updates(vllm_engine, protocol_adapter, tmp_path, base_dir):
-    trainer = _trainer(_cfg(), vllm_engine, protocol_adapter, tmp_path, base_dir)
+def test_vllm_sampler_stays_on_policy_across_updates(any_vllm, protocol_adapter, tmp_path, base_dir):
+    trainer = _trainer(_cfg(), any_vllm, protocol_adapter, tmp_path, base_dir)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     history = trainer.train()
     assert len(history) == 3

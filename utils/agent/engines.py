@@ -19,6 +19,7 @@ decoding is identical in both (tests/test_engines.py).
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,8 +198,56 @@ class HFEngine(BatchedCalls):
         pass
 
 
+def lora_deltas(adapter_dir: Path) -> dict:
+    """Base weight name -> the fp32 update a peft LoRA adapter adds to it: scale·B·A, with scale
+    alpha/r (alpha/sqrt(r) under rsLoRA). Variants whose update is not of that form are refused."""
+    import json
+
+    from safetensors.torch import load_file
+
+    cfg_path = adapter_dir / "adapter_config.json"
+    if not cfg_path.is_file():
+        raise ValueError(f"{adapter_dir}: no adapter_config.json; merged LoRA serving needs a peft LoRA adapter")
+    cfg = json.loads(cfg_path.read_text())
+    unsupported = [k for k in ("use_dora", "fan_in_fan_out", "rank_pattern", "alpha_pattern", "modules_to_save")
+                   if cfg.get(k)]
+    if cfg.get("peft_type", "LORA") != "LORA" or unsupported:
+        raise ValueError(f"{cfg_path}: {', '.join(unsupported) or cfg.get('peft_type')} cannot be served merged; "
+                         "set model.engine.lora_serving=adapter")
+    r = cfg["r"]
+    scale = cfg["lora_alpha"] / (math.sqrt(r) if cfg.get("use_rslora") else r)
+    tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    deltas = {}
+    for key, a in tensors.items():
+        if key.endswith(".lora_A.weight"):
+            prefix = key[:-len(".lora_A.weight")]
+            b = tensors[prefix + ".lora_B.weight"]
+            deltas[prefix.removeprefix("base_model.model.") + ".weight"] = scale * (b.float() @ a.float())
+    return deltas
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a model directory (one file, or the shards of an index)."""
+    import json
+
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        return sorted({model_dir / f for f in json.loads(index.read_text())["weight_map"].values()})
+    single = model_dir / "model.safetensors"
+    if not single.is_file():
+        raise ValueError(f"{model_dir}: no model.safetensors(.index.json); merged LoRA serving reads the base from it")
+    return [single]
+
+
+def _reload_in_worker(weights: list, worker) -> None:
+    """Runs in vLLM's worker process (a pickled callable: plain collective_rpc arguments lose their
+    tensor types on the way)."""
+    worker.reload_weights(weights_iterator=iter(weights))
+
+
 class VLLMEngine:
-    """Offline vLLM with LoRA; `set_adapter` swaps the policy under a fresh LoRARequest id."""
+    """Offline vLLM; the policy's LoRA served as an adapter (a fresh LoRARequest id per
+    `set_adapter`) or, with `lora_serving: merged`, folded into the base weights."""
 
     name = "vllm"
 
@@ -215,7 +264,13 @@ class VLLMEngine:
             # budget, e.g. 100 questions x 8 samples). A budget that fits every scheduled sequence
             # whole means no prefill is ever chunked.
             kwargs["max_num_batched_tokens"] = cfg.max_num_seqs * cfg.max_model_len
-        if enable_lora:
+        self.merged = enable_lora and cfg.lora_serving == "merged"
+        if self.merged:
+            # set_adapter hands the new weights to vLLM's engine-core process (collective_rpc),
+            # which vLLM pickles only when allowed: local IPC between this process and the
+            # engine it started.
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        if enable_lora and not self.merged:
             kwargs.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=cfg.max_loras)
         if cfg.enable_sleep_mode:
             kwargs["enable_sleep_mode"] = True  # GPU only; untested here
@@ -226,8 +281,13 @@ class VLLMEngine:
         self.lora = None
         self._pending: dict[str, object] = {}  # vLLM request id -> the caller's key
         self._next_request = 0
+        self.model_path = model_path
+        self._base: dict = {}  # merged serving: the base model's weights, read once
 
     def set_adapter(self, path: Path | None) -> None:
+        if self.merged:
+            self._set_merged(path)
+            return
         from vllm.lora.request import LoRARequest
 
         old = self.lora
@@ -238,6 +298,25 @@ class VLLMEngine:
             self._next_id += 1
         if old is not None:
             self.llm.llm_engine.remove_lora(old.lora_int_id)
+
+    def _set_merged(self, path: Path | None) -> None:
+        """Reload every weight of vLLM's model in place (its `reload_weights`, which re-runs the
+        kernel preparation a plain load would skip), the LoRA targets as W + scale·B·A, then drop
+        the prefix cache: its KV blocks belong to the old weights."""
+        import functools
+
+        from safetensors.torch import load_file
+
+        deltas = lora_deltas(path) if path is not None else {}
+        if not self._base:
+            for file in _weight_files(self.model_path):
+                self._base.update(load_file(str(file)))
+        unknown = sorted(set(deltas) - set(self._base))
+        if unknown:
+            raise ValueError(f"{path}: adapter targets {unknown[0]}, which {self.model_path} does not have")
+        weights = [(n, (w.float() + deltas[n]).to(w.dtype) if n in deltas else w) for n, w in self._base.items()]
+        self.llm.collective_rpc(functools.partial(_reload_in_worker, weights))
+        self.llm.reset_prefix_cache()
 
     def loaded_adapters(self) -> set[int]:
         return set(self.llm.llm_engine.list_loras())

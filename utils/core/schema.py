@@ -18,6 +18,7 @@ from utils.core.methods import METHODS, contradictions, implied_method
 
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINE_NAMES = ("vllm", "hf")  # utils/agent/engines.py ENGINES
+LORA_SERVING = ("adapter", "merged")  # utils/agent/engines.py VLLMEngine
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")  # utils/train/losses.py
 ADV_SCALINGS = ("group", "batch", "none")  # utils/train/losses.py ADVANTAGES
 SCORER_NAMES = ("em", "f1", "cem", "numeric")  # utils/reward/scorers.py SCORERS
@@ -42,6 +43,9 @@ class EngineConfig:
     max_model_len: int = field(512, "Longest context (prompt + generation) the engine accepts.")
     memory_share: float = field(0.3, "vLLM gpu_memory_utilization: on CPU the share of RAM for the KV cache "
                                      "(0.92 fails to start on a 24 GiB box; 0.3 works).")
+    lora_serving: str = field("adapter", "vllm: serve the policy's LoRA as an adapter (LoRARequest), or merged "
+                                         "into the base weights, reloaded on each policy change (no LoRA kernels "
+                                         "in decoding; README \"Speed\").", LORA_SERVING)
     max_lora_rank: int = field(16, "Largest LoRA rank the vLLM engine must serve.")
     max_loras: int = field(2, "LoRA adapters vLLM keeps loaded at once (old and new policy).")
     max_num_seqs: int = field(256, "Sequences vLLM batches at once.")
