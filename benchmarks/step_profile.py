@@ -86,6 +86,49 @@ def bare_update(model, batches, chunked: bool) -> float:
     return dt
 
 
+def profile_steps(trainer, steps: int) -> list[dict]:
+    """One untimed warm-up step (first-call costs are not a step's), then `steps` timed ones."""
+    trainer.sync_policy()
+    trainer.model.train()
+    trainer.step()
+    history = []
+    for _ in range(steps):
+        trainer.model.train()
+        m, dt = timed(trainer.step)
+        history.append({**m, "time/step": dt})
+    return history
+
+
+def replay_rollouts(trainer, cfg) -> tuple[tuple, tuple, tuple]:
+    """(tokens, seconds) of the last step's questions on vLLM's agent rollout, on HF's, and of one
+    raw vLLM call generating as many tokens, all with the policy the steps ended with."""
+    rows, _ = trainer.last_rollout
+    agent = {}
+    for name in ("vllm", "hf"):
+        engine = trainer.engine if name == "vllm" else make_engine("hf", model_dir(cfg), cfg.model.engine, cfg.seed)
+        engine.set_adapter(trainer.policy_dir / f"step_{trainer.state.step}")
+        ro = Rollout(engine, trainer.rollout.codec, trainer.rollout.spec)
+        eps, dt = timed(lambda: ro.run(rows, n=cfg.algorithm.rl.n_samples, seed=cfg.seed, step=10_000))
+        agent[name] = (sum(e.n_generated() for e in eps), dt, eps)
+    tokens, _, eps = agent["vllm"]
+    prompts = [e.segments[0].context_ids for e in eps if e.segments]
+    raw = raw_single_call(trainer.engine, prompts, math.ceil(tokens / len(prompts)), cfg.seed)
+    return agent["vllm"][:2], agent["hf"][:2], raw
+
+
+def replay_update(trainer, cfg) -> tuple[int, float, float]:
+    """(real tokens, bare fwd+bwd seconds in the trainer's passes, the same in one padded pass) of
+    the last step's RL batch and an SFT batch."""
+    import torch
+
+    _, episodes = trainer.last_rollout
+    batch = build_rl_batch(episodes, torch.zeros(len(episodes)), trainer.pad_id)
+    sft = sft_batch(trainer._sft_examples(), trainer.pad_id) if cfg.algorithm.sft.enabled else None
+    padded = [(batch.ids, batch.attn)] + ([(sft[0], sft[1])] if sft is not None else [])
+    real = sum(int(a.sum()) for _, a in padded)
+    return real, bare_update(trainer.model, padded, chunked=True), bare_update(trainer.model, padded, chunked=False)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", type=Path, default=ROOT / "outputs" / "run_001")
@@ -107,14 +150,7 @@ def main() -> int:
         sys.exit(f"step_profile: {', '.join(missing)} missing: run 09_driver.py (or 00-04) for {run} first")
     out = Path(tempfile.mkdtemp(prefix="step_profile_"))
     trainer = build_trainer(cfg, *inputs, out, MetricsLogger(out / "metrics.jsonl"), "profile")
-    trainer.sync_policy()
-    trainer.model.train()
-    trainer.step()  # warm-up: first-call costs (kernels, LoRA load) are not a step's
-    history = []
-    for _ in range(args.steps):
-        trainer.model.train()
-        m, dt = timed(trainer.step)
-        history.append({**m, "time/step": dt})
+    history = profile_steps(trainer, args.steps)
     mean = lambda k: statistics.fmean(h[k] for h in history)  # noqa: E731
     step_s = mean("time/step")
     print(f"{cfg.algorithm.method} on {run}: {args.steps} timed steps of {cfg.algorithm.rl.questions_per_step} "
@@ -124,45 +160,27 @@ def main() -> int:
         print(f"{ph:<14}{mean('time/' + ph):>8.3f}{mean('time/' + ph) / step_s:>8.1%}")
     print(f"{'step':<14}{step_s:>8.3f}")
 
-    # replay the last step's questions on the policy it ended with
-    rows, episodes = trainer.last_rollout
-    rl = cfg.algorithm.rl
-    agent = {}
-    for name in ("vllm", "hf"):
-        engine = trainer.engine if name == "vllm" else make_engine("hf", model_dir(cfg), cfg.model.engine, cfg.seed)
-        engine.set_adapter(trainer.policy_dir / f"step_{trainer.state.step}")
-        ro = Rollout(engine, trainer.rollout.codec, trainer.rollout.spec)
-        eps, dt = timed(lambda: ro.run(rows, n=rl.n_samples, seed=cfg.seed, step=10_000))
-        agent[name] = (sum(e.n_generated() for e in eps), dt, eps)
-    tokens, dt, eps = agent["vllm"]
-    prompts = [e.segments[0].context_ids for e in eps if e.segments]
-    raw_tokens, raw_dt = raw_single_call(trainer.engine, prompts, math.ceil(tokens / len(prompts)), cfg.seed)
-    hf_tokens, hf_dt, _ = agent["hf"]
-    print(f"{'rollout':<28}{'tokens':>8}{'s':>8}{'tok/s':>8}")
-    print(f"{'agent, vLLM':<28}{tokens:>8}{dt:>8.2f}{tokens / dt:>8.0f}")
-    print(f"{'agent, HF generate':<28}{hf_tokens:>8}{hf_dt:>8.2f}{hf_tokens / hf_dt:>8.0f}")
-    print(f"{'raw vLLM, one call':<28}{raw_tokens:>8}{raw_dt:>8.2f}{raw_tokens / raw_dt:>8.0f}")
+    (tokens, dt), (hf_tokens, hf_dt), (raw_tokens, raw_dt) = replay_rollouts(trainer, cfg)
+    print(f"{'rollout':<34}{'tokens':>8}{'s':>8}{'tok/s':>8}")
+    for label, n, sec in (("agent, vLLM", tokens, dt), ("agent, HF generate", hf_tokens, hf_dt),
+                          ("raw vLLM, one call", raw_tokens, raw_dt)):
+        print(f"{label:<34}{n:>8}{sec:>8.2f}{n / sec:>8.0f}")
 
-    batch = build_rl_batch(episodes, torch.zeros(len(episodes)), trainer.pad_id)
-    sft = sft_batch(trainer._sft_examples(), trainer.pad_id) if cfg.algorithm.sft.enabled else None
-    padded = [(batch.ids, batch.attn)] + ([(sft[0], sft[1])] if sft is not None else [])
-    real = sum(int(a.sum()) for _, a in padded)
-    bare_dt = bare_update(trainer.model, padded, chunked=True)
-    one_pass_dt = bare_update(trainer.model, padded, chunked=False)
+    real, bare_dt, one_pass_dt = replay_update(trainer, cfg)
     update_dt = history[-1]["time/update"]  # the step whose batch is replayed
     print(f"{'update (real tokens)':<34}{'tokens':>8}{'s':>8}{'tok/s':>8}")
-    print(f"{'trainer update (last step)':<34}{real:>8}{update_dt:>8.2f}{real / update_dt:>8.0f}")
-    print(f"{'bare fwd+bwd, same passes':<34}{real:>8}{bare_dt:>8.2f}{real / bare_dt:>8.0f}")
-    print(f"{'bare fwd+bwd, one padded pass':<34}{real:>8}{one_pass_dt:>8.2f}{real / one_pass_dt:>8.0f}")
+    for label, sec in (("trainer update (last step)", update_dt), ("bare fwd+bwd, same passes", bare_dt),
+                       ("bare fwd+bwd, one padded pass", one_pass_dt)):
+        print(f"{label:<34}{real:>8}{sec:>8.2f}{real / sec:>8.0f}")
 
-    val = [r for _, r in read_records(run / "01_prepare_dataset" / "test.jsonl")][:args.eval_items]
-    spec = RolloutSpec.from_config(cfg, 0.0)
-    (summary, _), eval_dt = timed(lambda: greedy_eval(trainer.engine, trainer.rollout.codec, val, trainer.spec, spec))
-    print(f"greedy evaluation of {len(val)} test items on the running engine: {eval_dt:.1f} s "
+    test = [r for _, r in read_records(run / "01_prepare_dataset" / "test.jsonl")][:args.eval_items]
+    (summary, _), eval_dt = timed(lambda: greedy_eval(trainer.engine, trainer.rollout.codec, test, trainer.spec,
+                                                      RolloutSpec.from_config(cfg, 0.0)))
+    print(f"greedy evaluation of {len(test)} test items on the running engine: {eval_dt:.1f} s "
           f"(accuracy {summary['accuracy']:.3f})")
     p1 = (tokens / dt) / (raw_tokens / raw_dt)
     p2 = (tokens / dt) / (hf_tokens / hf_dt)
-    p3 = (real / update_dt) / (real / bare_dt)
+    p3 = bare_dt / update_dt
     print(f"P1={p1:.2f} P2={p2:.2f} P3={p3:.2f} sync_share={mean('time/weight_sync') / step_s:.3f}")
     trainer.engine.close()
     return 0

@@ -148,3 +148,19 @@ def test_unknown_engine_name_lists_valid_ones(base_dir):
 
     with pytest.raises(KeyError, match="valid: hf, vllm"):
         make_engine("tgi", base_dir, EngineConfig())
+
+
+def test_hf_engine_switches_between_adapters_and_the_base(hf_engine, adapters, base_dir):
+    from utils.agent.engines import SamplingSpec
+
+    prompt = AutoTokenizer.from_pretrained(base_dir).encode("plan: 12+7-3\n")
+    spec = SamplingSpec(max_tokens=8, temperature=0.0)
+
+    def greedy(path):
+        hf_engine.set_adapter(path)
+        s = hf_engine.generate([prompt], spec, [0])[0][0]
+        return s.token_ids, s.logprobs
+
+    base, a, base_again, b, a_again = (greedy(p) for p in (None, adapters[0], None, adapters[1], adapters[0]))
+    assert base_again == base and a_again == a
+    assert a[1] != base[1] and b[1] != a[1]

@@ -130,7 +130,8 @@ class HFEngine(BatchedCalls):
         dtype = getattr(torch, cfg.dtype)
         self.base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
         self.peft = None  # a PeftModel once the first adapter is set; later adapters are swapped in
-        self._adapter: str | None = None
+        self._adapter: str | None = None  # the adapter generate uses (None: the bare base)
+        self._loaded: str | None = None  # the adapter peft holds
         self._next_id = 1
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
@@ -140,19 +141,19 @@ class HFEngine(BatchedCalls):
     def set_adapter(self, path: Path | None) -> None:
         from peft import PeftModel
 
-        old = self._adapter
-        if path is None:
+        if path is None:  # the loaded adapter stays (peft needs one to disable) until the next is set
             self._adapter = None
+            return
+        old = self._loaded
+        name = f"policy-{self._next_id}"
+        self._next_id += 1
+        if self.peft is None:
+            self.peft = PeftModel.from_pretrained(self.base, str(path), adapter_name=name).eval()
         else:
-            name = f"policy-{self._next_id}"
-            self._next_id += 1
-            if self.peft is None:
-                self.peft = PeftModel.from_pretrained(self.base, str(path), adapter_name=name).eval()
-            else:
-                self.peft.load_adapter(str(path), adapter_name=name)
-            self.peft.set_adapter(name)
-            self._adapter = name
-        if old is not None and old != self._adapter:
+            self.peft.load_adapter(str(path), adapter_name=name)
+        self.peft.set_adapter(name)
+        self._adapter = self._loaded = name
+        if old is not None:
             self.peft.delete_adapter(old)
 
     def _generate(self, **kwargs):
