@@ -32,14 +32,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from utils.agent.engines import make_engine  # noqa: E402
-from utils.agent.rollout import Rollout  # noqa: E402
+from utils.agent.rollout import Rollout, RolloutSpec  # noqa: E402
 from utils.core.cli import parse_stage_args  # noqa: E402
 from utils.core.config import ROOT  # noqa: E402
 from utils.core.io import read_records  # noqa: E402
 from utils.core.stages import model_dir  # noqa: E402
 from utils.core.tracking import MetricsLogger  # noqa: E402
 from utils.eval.evaluation import greedy_eval  # noqa: E402
-from utils.agent.rollout import RolloutSpec  # noqa: E402
 from utils.train.grpo import build_rl_batch  # noqa: E402
 from utils.train.policy import length_chunks, sft_batch  # noqa: E402
 from utils.train.rl_stage import build_trainer  # noqa: E402

@@ -1,7 +1,8 @@
 """Sampling engines: one interface, two registered implementations (docs/ARCHITECTURE.md, "Engines").
 
-- `vllm`: offline `vllm.LLM`; the policy's LoRA adapter is served through `LoRARequest`, and each
-  `set_adapter` registers the new directory under a fresh integer id and releases the old one.
+- `vllm`: offline `vllm.LLM`; the policy's LoRA adapter is served through `LoRARequest` (each
+  `set_adapter` registers the new directory under a fresh integer id and releases the old one), or
+  with `lora_serving: merged` folded into the base weights, which are reloaded in place.
 - `hf`: transformers `generate` with KV cache and left padding; the reference and the fallback.
 
 Both take prompts as token ids (the rollout owns the exact contexts) and return, per prompt and

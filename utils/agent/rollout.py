@@ -91,7 +91,7 @@ class Rollout:
         ep.status, ep.error = status, error
         ep.transcript += f"[end: {status}{': ' + error if error else ''}]\n"
 
-    def _submit(self, ep: Episode, key: tuple, context: list[int], want: int, seed: int) -> bool:
+    def _submit(self, key: tuple, context: list[int], want: int, seed: int) -> bool:
         """Queue one turn's request; False (and nothing queued) if its context leaves no token budget."""
         budget = self._budget(context, want)
         if budget <= 0:
@@ -103,7 +103,7 @@ class Rollout:
     def _submit_planner(self, i: int, ep: Episode, seed: int, step: int, turn: int) -> None:
         if turn >= self.spec.max_turns:
             self._end(ep, "max_turns", f"no <answer> after {self.spec.max_turns} planner turns")
-        elif not self._submit(ep, (PLANNER, i, turn, None), ep.planner_ids, self.spec.max_new_tokens_planner,
+        elif not self._submit((PLANNER, i, turn, None), ep.planner_ids, self.spec.max_new_tokens_planner,
                               derive_seed(seed, step, i, turn, "planner")):
             self._end(ep, "malformed", "planner context exceeds max_model_len")
 
@@ -145,7 +145,7 @@ class Rollout:
         else:
             task = task.strip()
             context = self.codec.executor_prompt(task)
-            if not self._submit(ep, (EXECUTOR, i, turn, (task, context)), context, self.spec.max_new_tokens_executor,
+            if not self._submit((EXECUTOR, i, turn, (task, context)), context, self.spec.max_new_tokens_executor,
                                 derive_seed(seed, step, i, turn, "executor")):
                 self._end(ep, "executor_error", "executor context exceeds max_model_len")
 

@@ -12,10 +12,11 @@
 Departures from the seed, stated once: the PPO "old" log-probs are the trainer's, not the
 sampler's: with one optimizer pass per batch (the default) the update's own, detached; with more,
 a separate forward before the first pass. The sampler's log-probs are compared with them and the
-mean absolute difference is logged as `rollout/logprob_mismatch`, so a stale sampler is visible. All policy log-probs (old, new, KL
-reference) are of the tempered distribution the rollout sampled from, logits / T. The KL reference
-is the policy RL starts from: the SFT warmup adapter, frozen (`add_reference`), not the bare base,
-which does not know the protocol; its log-probs are computed once per step with the old ones.
+mean absolute difference is logged as `rollout/logprob_mismatch`, so a stale sampler is visible.
+All policy log-probs (old, new, KL reference) are of the tempered distribution the rollout sampled
+from, logits / T. The KL reference is the policy RL starts from: the SFT warmup adapter, frozen
+(`add_reference`), not the bare base, which does not know the protocol; its log-probs are computed
+once per step, before the update.
 """
 from __future__ import annotations
 

@@ -122,17 +122,17 @@ class GrpoTrainer:
         With one optimizer pass per batch (`ppo_epochs=1`) the policy being updated is the one that
         sampled, so the old log-probs are the update's own, detached (grpo.red_grpo_loss): no
         separate forward pass, and None here."""
-        if batch is None:
-            return None, None
         rl = self.alg.rl
-        if rl.ppo_epochs == 1 and rl.kl_coef == 0:
+        need_old, need_ref = rl.ppo_epochs > 1, rl.kl_coef > 0
+        if batch is None or not (need_old or need_ref):
             return None, None
         self.model.eval()
-        old_lp = None
-        if rl.ppo_epochs > 1:
+        old_lp = ref_lp = None
+        if need_old:
             with torch.no_grad():
                 old_lp, _ = forward_logprobs(self.model, batch.ids, batch.attn, temperature=rl.temperature)
-        ref_lp = reference_logprobs(self.model, batch.ids, batch.attn, rl.temperature) if rl.kl_coef > 0 else None
+        if need_ref:
+            ref_lp = reference_logprobs(self.model, batch.ids, batch.attn, rl.temperature)
         self.model.train()
         return old_lp, ref_lp
 
