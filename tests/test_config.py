@@ -57,6 +57,19 @@ def test_overrides_are_typed_and_applied_last():
     assert cfg.seed == 7
 
 
+def test_exponent_floats_without_a_dot_are_floats(tmp_path):
+    """PyYAML (YAML 1.1) reads `5e-4` as a string; a learning rate typed that way must still work."""
+    cfg = load_run_config(overrides=["algorithm.rl.lr=5e-4", "warmup.lr=1E-3", "reward.numeric_rel_tol=-2e+1"])
+    assert (cfg.algorithm.rl.lr, cfg.warmup.lr, cfg.reward.numeric_rel_tol) == (5e-4, 1e-3, -20.0)
+    run = tmp_path / "run.yaml"
+    run.write_text("algorithm:\n  rl:\n    lr: 2e-3\n")
+    assert load_run_config(run=str(run)).algorithm.rl.lr == 2e-3
+    with pytest.raises(ConfigError, match=r"expected float, got str '5e'"):
+        load_run_config(overrides=["algorithm.rl.lr=5e"])
+    with pytest.raises(ConfigError, match=r"expected int, got str '1e3'"):
+        load_run_config(overrides=["model.lora.rank=1e3"])  # only floats are read this way
+
+
 def test_wrong_type_names_expected_and_got():
     with pytest.raises(ConfigError, match=r"config.model.lora.rank: expected int, got str 'eight'"):
         load_run_config(overrides=["model.lora.rank=eight"])

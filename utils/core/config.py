@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -43,6 +44,9 @@ def field(default: Any, help: str, choices: tuple | None = None) -> Any:  # noqa
 def _nearest(key: str, valid: list[str]) -> str:
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.0)
     return f"; did you mean '{close[0]}'?" if close else ""
+
+
+_EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
@@ -76,6 +80,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         return from_dict(tp, value, where)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
+        return float(value)  # YAML 1.1 (PyYAML) reads 5e-4 as a string: it wants 5.0e-4
     if tp in (int, float) and isinstance(value, bool):
         raise ConfigError(f"{where}: expected {tp.__name__}, got bool {value!r}")
     if isinstance(tp, type) and not isinstance(value, tp):
