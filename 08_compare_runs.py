@@ -54,7 +54,7 @@ def main(argv=None) -> int:
         for name in ["summary.csv", "report.md"] + [f"plots/{p}" for p in plots]:
             run.add_output(out / name)
         run.metrics.update(evaluations=len(evals), trainings=len(trainings),
-                           paired_tests={f"{t['run']}:red-{t['b']}": t["diff"] for t in tests})
+                           paired_tests={f"{t['run']}:{t['a']}-{t['b']}": t["diff"] for t in tests})
     print(f"{STAGE}: {len(evals)} evaluations, {len(trainings)} training curves -> {out / 'report.md'}")
     return 0
 

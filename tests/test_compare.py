@@ -79,6 +79,11 @@ def test_summary_and_report_carry_the_metrics_json_numbers(tmp_path):
     assert "| r | red − sft_warmup | 2 | 40 | 0.8250 |" in report
     assert "red vs sft_warmup: **better** (red − sft_warmup = 0.8250 on 40 shared items over 2 seed(s)" in report
     assert "red vs grpo: **better**" in report
+    # the second family: each trained method against the warmup it started from (grpo 10/20 vs 0/20)
+    warmup = report.split("## Did training improve on its start")[1].split("\n## ")[0]
+    assert "| r | grpo − sft_warmup | 2 | 40 | 0.5000 |" in warmup and "| r | red − sft_warmup |" in warmup
+    assert "red − grpo" not in warmup
+    assert "grpo vs sft_warmup: **better** (grpo − sft_warmup = 0.5000 on 40 shared items over 2 seed(s)" in report
     assert "`0.0005`" in report and "`0.001`" in report  # the trainer configs differ in algorithm.rl.lr
     for name in ("reward_vs_step", "test_accuracy", "red_dynamics", "time_per_phase"):
         png = out / "plots" / f"{name}.png"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from utils.core.manifest import atomic_write_bytes, rel
 from utils.eval.compare import PHASES, SUMMARY_FIELDS, Evaluation, Training, config_diff, fmt, method_key
+from utils.core.methods import METHODS, SFT_WARMUP
 from utils.eval.stats import holm, mean_ci_across_seeds, paired_bootstrap, verdict
 
 
@@ -134,25 +135,32 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 
 def comparisons(evals: list[Evaluation], resamples: int, seed: int) -> list[dict]:
-    """Red against every other method, per run: a hierarchical paired bootstrap (training seeds,
-    then test items, paired by (seed, item)), Holm-adjusted over the run's comparisons, and a verdict."""
+    """Two families of paired tests per run, each Holm-adjusted on its own: red against every other
+    checkpoint (`family` "red"), and every trained method against the SFT warmup it started from
+    (`family` "warmup": did training improve on its start?). Each test is a hierarchical paired
+    bootstrap (training seeds, then test items, paired by (seed, item)) of a − b with a verdict."""
     by_run = defaultdict(lambda: defaultdict(dict))
     for e in evals:
         by_run[e.run][e.method].update({(e.seed, q): s for q, s in e.scores.items()})
     out = []
     for run, methods in sorted(by_run.items()):
-        if "red" not in methods:
-            continue
-        family = [{"run": run, "a": "red", "b": other,
-                   **paired_bootstrap(methods["red"], methods[other], resamples, seed)}
-                  for other in sorted(methods, key=method_key) if other != "red"]
-        tested = [t for t in family if t["p_value"] is not None]
-        for t, p in zip(tested, holm([t["p_value"] for t in tested])):
-            t["p_holm"] = p
-        for t in family:
-            t["verdict"] = verdict(t["diff"], t.get("p_holm"))
-        out += family
+        ordered = sorted(methods, key=method_key)
+        pairs = {"red": [("red", m) for m in ordered if m != "red"] if "red" in methods else [],
+                 "warmup": [(m, SFT_WARMUP) for m in ordered if m in METHODS] if SFT_WARMUP in methods else []}
+        for name, family in pairs.items():
+            out += _family(run, name, family, methods, resamples, seed)
     return out
+
+
+def _family(run: str, name: str, pairs: list[tuple[str, str]], methods: dict, resamples: int, seed: int) -> list[dict]:
+    tests = [{"run": run, "family": name, "a": a, "b": b, **paired_bootstrap(methods[a], methods[b], resamples, seed)}
+             for a, b in pairs]
+    tested = [t for t in tests if t["p_value"] is not None]
+    for t, p in zip(tested, holm([t["p_value"] for t in tested])):
+        t["p_holm"] = p
+    for t in tests:
+        t["verdict"] = verdict(t["diff"], t.get("p_holm"))
+    return tests
 
 
 def render_report(evals: list[Evaluation], trainings: list[Training], tests: list[dict], plots: list[str],
@@ -216,19 +224,22 @@ def _length_section(evals: list[Evaluation]) -> list[str]:
 
 
 def _paired_section(tests: list[dict], resamples: int) -> list[str]:
-    lines = ["## Paired comparison: red vs each other method", ""]
-    if tests:
-        lines += [f"Hierarchical paired bootstrap ({resamples} resamples): training seeds are resampled, then "
-                  "each drawn seed's test items, pairing the two methods on the same (seed, item); with one seed "
-                  "it covers item sampling only. p-values are two-sided and Holm-adjusted over the comparisons "
-                  "with red in each run; the verdict is at adjusted p < 0.05.", ""]
-        rows = [[t["run"], f"red − {t['b']}", t["seeds"], t["n"], fmt(t["diff"]),
+    method = (f"Hierarchical paired bootstrap ({resamples} resamples): training seeds are resampled, then each "
+              "drawn seed's test items, pairing the two checkpoints on the same (seed, item); with one seed it "
+              "covers item sampling only. p-values are two-sided and Holm-adjusted within each table and run; "
+              "the verdict is at adjusted p < 0.05.")
+    lines = []
+    for family, title, empty in (
+            ("red", "Paired comparison: red vs each other method", "No run here evaluated `red`, so there is no "
+                                                                   "paired comparison."),
+            ("warmup", "Did training improve on its start: each method vs sft_warmup",
+             "No run here evaluated both `sft_warmup` and a trained method.")):
+        rows = [[t["run"], f"{t['a']} − {t['b']}", t["seeds"], t["n"], fmt(t["diff"]),
                  f"{fmt(t['ci95_low'])}–{fmt(t['ci95_high'])}", fmt(t["p_value"]), fmt(t.get("p_holm")),
-                 t["verdict"]] for t in tests]
-        lines += [_table(["run", "difference", "seeds", "items", "mean diff", "95% CI", "p", "p (Holm)",
-                          "red is"], rows), ""]
-    else:
-        lines += ["No run here evaluated `red`, so there is no paired comparison.", ""]
+                 t["verdict"]] for t in tests if t["family"] == family]
+        lines += [f"## {title}", ""]
+        lines += [method, "", _table(["run", "difference", "seeds", "items", "mean diff", "95% CI", "p", "p (Holm)",
+                                      "first is"], rows), ""] if rows else [empty, ""]
     return lines
 
 
@@ -278,7 +289,7 @@ def _caveats(evals: list[Evaluation], trainings: list[Training], tests: list[dic
     out = []
     for t in tests:
         if t["n"]:
-            out.append(f"- {t['run']}: red vs {t['b']}: **{t['verdict']}** (red − {t['b']} = {fmt(t['diff'])} on "
+            out.append(f"- {t['run']}: {t['a']} vs {t['b']}: **{t['verdict']}** ({t['a']} − {t['b']} = {fmt(t['diff'])} on "
                        f"{t['n']} shared items over {t['seeds']} seed(s), 95% CI {fmt(t['ci95_low'])} to "
                        f"{fmt(t['ci95_high'])}, Holm-adjusted p {fmt(t.get('p_holm'))}).")
     seeds = {(e.run, e.method): set() for e in evals}
