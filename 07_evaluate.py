@@ -1,11 +1,13 @@
-"""07_evaluate: evaluate a checkpoint on test.jsonl with greedy Planner/Executor rollouts.
+"""07_evaluate: evaluate checkpoints on test.jsonl with greedy Planner/Executor rollouts.
 
---checkpoint base | sft_warmup | red | grpo | fixed_sft | matched_sft | sft (or a path to a peft adapter dir):
-the bare base model, 04's adapter, or a method's final adapter (names from utils/core/methods.py).
-Writes outputs/<run_id>/07_evaluate/<checkpoint>/: metrics.json (accuracy under the spec's scorer
-with a bootstrap 95% CI, format compliance, turns and subtasks per episode, tokens per role,
-failure counts, optional pass@k), breakdown.csv (one row per item with its failure category),
-samples/predictions.jsonl (full transcripts) and the manifest.
+--checkpoint NAME[,NAME...], each base | sft_warmup | red | grpo | fixed_sft | matched_sft | sft (or a
+path to a peft adapter dir): the bare base model, 04's adapter, or a method's final adapter (names from
+utils/core/methods.py). Several checkpoints share one sampling engine, which swaps adapters between
+them (starting an engine costs more than evaluating 200 items on it); each still gets its own folder
+and manifest, the same as when evaluated alone. Writes outputs/<run_id>/07_evaluate/<checkpoint>/:
+metrics.json (accuracy under the spec's scorer with a bootstrap 95% CI, format compliance, turns and
+subtasks per episode, tokens per role, failure counts, optional pass@k), breakdown.csv (one row per
+item with its failure category), samples/predictions.jsonl (full transcripts) and the manifest.
 """
 import csv
 import io
@@ -54,49 +56,78 @@ def write_outputs(out: Path, metrics: dict, scored: list[dict]) -> None:
     write_jsonl(out / "samples" / "predictions.jsonl", scored)
 
 
-def main(argv=None) -> int:
-    ap = stage_parser(__doc__)
-    ap.add_argument("--checkpoint", default=SFT_WARMUP, help=f"{' | '.join(CHECKPOINTS)} | DIR")
-    ap.add_argument("--pass_k", type=int, default=0, help="also sample k episodes per item at temperature 1")
-    ap.add_argument("--limit", type=int, default=0, help="evaluate only the first N test items (0 = all)")
-    cfg, args = parse_stage_args(__doc__, argv, parser=ap)
-    from transformers import AutoTokenizer
+class SharedEngine:
+    """One sampling engine for every checkpoint of the invocation, started on first use."""
 
-    from utils.agent.engines import make_engine
+    def __init__(self, cfg):
+        self.cfg, self.engine = cfg, None
 
-    label = args.checkpoint if args.checkpoint in CHECKPOINTS else Path(args.checkpoint).name
+    def serving(self, adapter: Path | None):
+        from utils.agent.engines import make_engine
+
+        if self.engine is None:
+            self.engine = make_engine(self.cfg.model.engine.name, model_dir(self.cfg), self.cfg.model.engine,
+                                      self.cfg.seed)
+        self.engine.set_adapter(adapter)
+        return self.engine
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+
+def evaluate(cfg, args, name: str, shared: SharedEngine, codec: Codec) -> None:
+    """Evaluate one checkpoint into its own folder, under its own manifest."""
+    label = name if name in CHECKPOINTS else Path(name).name
     out = stage_dir(cfg, f"{STAGE}/{label}")
-    settings = {**stage_config(cfg, STAGE), "checkpoint": args.checkpoint, "pass_k": args.pass_k, "limit": args.limit}
+    settings = {**stage_config(cfg, STAGE), "checkpoint": name, "pass_k": args.pass_k, "limit": args.limit}
     with StageRun(f"{STAGE}/{label}", out, settings, cfg.seed) as run:
         _, prepared = parent(run, cfg, "01_prepare_dataset")
         rewards_dir, _ = parent(run, cfg, "02_build_rewards")
-        adapter = resolve_checkpoint(run, cfg, args.checkpoint)
+        adapter = resolve_checkpoint(run, cfg, name)
         test_path = output_path(prepared, "/test.jsonl")
         for p in [test_path, rewards_dir / "reward_spec.yaml"] + ([adapter] if adapter else []):
             run.add_input(p)
         rows = read_jsonl(test_path)
         rows = rows[:args.limit] if args.limit else rows
-        base, spec = model_dir(cfg), read_spec(rewards_dir / "reward_spec.yaml")
-        engine = make_engine(cfg.model.engine.name, base, cfg.model.engine, cfg.seed)
-        engine.set_adapter(adapter)
-        codec = Codec(AutoTokenizer.from_pretrained(base), cfg.model.templates)
+        spec = read_spec(rewards_dir / "reward_spec.yaml")
+        engine = shared.serving(adapter)
         summary, scored = greedy_eval(engine, codec, rows, spec, RolloutSpec.from_config(cfg, 0.0))
         for r in scored:
             r["category"] = failure_category(r)
         metrics = {**summary, "accuracy_ci95": bootstrap_ci([r["answer"] for r in scored], seed=cfg.seed),
                    "scorer": spec.scorer, "failures": dict(sorted(Counter(r["category"] for r in scored).items())),
-                   "checkpoint": args.checkpoint}
+                   "checkpoint": name}
         if args.pass_k:
             sampler = Rollout(engine, codec, RolloutSpec.from_config(cfg, PASS_K_TEMPERATURE))
             metrics[f"pass@{args.pass_k}"] = pass_at_k(score_episodes(sampler.run(rows, n=args.pass_k, seed=cfg.seed), spec))
-        engine.close()
         write_outputs(out, metrics, scored)
-        for name in ("metrics.json", "breakdown.csv", "samples/predictions.jsonl"):
-            run.add_output(out / name)
+        for f in ("metrics.json", "breakdown.csv", "samples/predictions.jsonl"):
+            run.add_output(out / f)
         run.metrics.update({k: metrics[k] for k in ("accuracy", "accuracy_ci95", "format", "answered", "turns")})
     lo, hi = metrics["accuracy_ci95"]
     print(f"{STAGE}: {label}: accuracy {metrics['accuracy']:.3f} (95% CI {lo:.3f}-{hi:.3f}), format "
-          f"{metrics['format']:.3f}, {metrics['turns']:.2f} turns/episode on {len(rows)} items -> {out}")
+          f"{metrics['format']:.3f}, {metrics['turns']:.2f} turns/episode on {len(rows)} items -> {out}", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = stage_parser(__doc__)
+    ap.add_argument("--checkpoint", default=SFT_WARMUP, help=f"comma-separated, each {' | '.join(CHECKPOINTS)} | DIR")
+    ap.add_argument("--pass_k", type=int, default=0, help="also sample k episodes per item at temperature 1")
+    ap.add_argument("--limit", type=int, default=0, help="evaluate only the first N test items (0 = all)")
+    cfg, args = parse_stage_args(__doc__, argv, parser=ap)
+    from transformers import AutoTokenizer
+
+    names = [n.strip() for n in args.checkpoint.split(",") if n.strip()]
+    if not names or len(set(names)) != len(names):
+        ap.exit(2, f"{ap.prog}: --checkpoint {args.checkpoint!r}: expected distinct comma-separated names\n")
+    codec = Codec(AutoTokenizer.from_pretrained(model_dir(cfg)), cfg.model.templates)
+    shared = SharedEngine(cfg)
+    try:
+        for name in names:
+            evaluate(cfg, args, name, shared, codec)
+    finally:
+        shared.close()
     return 0
 
 

@@ -4,8 +4,8 @@
                         [--config run.yaml] [--model tiny-arith] [--data synthetic_arith] [--force]
                         [--set key=value ...]
 
-Per seed: 00 → 01 → 02 → 03 → 04 → 07 (base, sft_warmup) → for each method: 05/06 → 07 (method), red
-before matched_sft, which reads red's mean SFT weight; then
+Per seed: 00 → 01 → 02 → 03 → 04 → each method's 05/06 (red before matched_sft, which reads red's mean
+SFT weight) → 07 on base, sft_warmup and every method, in one process sharing one engine; then
 08_compare_runs over all seeds writes outputs/<run_id>/08_compare_runs/report.md.
 A stage whose manifest already matches (same config slice hash, same input hashes, same parent
 manifests, completed) is skipped, so a second invocation with nothing changed only checks, and an
@@ -19,7 +19,7 @@ import time
 
 from utils.core.manifest import rel
 from utils.core.methods import METHODS
-from utils.driver import REPORT, RunManifest, plan, run_step, stage_path
+from utils.driver import REPORT, RunManifest, batches, plan, run_batch, stage_path
 
 
 def main(argv=None) -> int:
@@ -50,14 +50,18 @@ def main(argv=None) -> int:
     for k, seed in enumerate(seeds):
         common = base + ["--run_id", args.run_id if seed is None or len(seeds) == 1 else f"{args.run_id}/seed_{seed}"]
         common += ["--seed", str(seed)] if seed is not None else []
-        for i, step in enumerate(steps, 1):
-            seed_tag = f" seed {seed}" if len(seeds) > 1 else ""
-            code = run_step(step, common, args.force, f"[{k * len(steps) + i}/{total}] {step.dir_name}{seed_tag}",
-                            log, seed)
+        seed_tag = f" seed {seed}" if len(seeds) > 1 else ""
+
+        def label(step, name=None, k=k, seed_tag=seed_tag):
+            return f"[{k * len(steps) + steps.index(step) + 1}/{total}] {name or step.dir_name}{seed_tag}"
+
+        for batch in batches(steps):
+            code = run_batch(batch, common, args.force, label, log, seed)
             if code:
-                log.finish(f"failed at {step.dir_name}")
+                log.finish(f"failed at {batch[0].dir_name}")
                 return code
-    code = run_step(REPORT, root, args.force, f"[{total}/{total}] {REPORT.dir_name}", log, None)
+    code = run_batch([REPORT], root, args.force, lambda step, name=None: f"[{total}/{total}] {name or step.dir_name}",
+                     log, None)
     if code:
         log.finish(f"failed at {REPORT.dir_name}")
         return code

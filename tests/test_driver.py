@@ -51,6 +51,7 @@ def test_driver_runs_the_chain_then_skips_then_reruns_downstream(tmp_path):
     run_manifest = json.loads((out / RUN / "run_manifest.json").read_text())
     assert run_manifest["status"] == "completed" and len(run_manifest["stages"]) == 10
     assert all(s["action"] == "ran" and s["status"] == "completed" for s in run_manifest["stages"])
+    assert _ran(first.stdout)[-2:] == ["07_evaluate/base,sft_warmup,red", "08_compare_runs"]  # one 07 process
 
     second = _driver(out, data)
     assert second.returncode == 0
@@ -97,3 +98,14 @@ def test_plan_keeps_run_ids_that_are_method_or_checkpoint_names(tmp_path):
         common = ["--run_id", run_id, "--set", f"outputs_dir={tmp_path}"]
         for step in plan(list(METHODS)) + [REPORT]:
             assert stage_path(common, step) == tmp_path / run_id / step.dir_name
+
+
+def test_evaluations_come_last_and_share_one_batch():
+    from utils.driver import batches, plan
+
+    steps = plan(["grpo", "red"])
+    assert [s.dir_name for s in steps][5:] == ["06_ablate_grpo_only/grpo", "05_train_red_grpo/red", "07_evaluate/base",
+                                               "07_evaluate/sft_warmup", "07_evaluate/grpo", "07_evaluate/red"]
+    grouped = [[s.dir_name for s in b] for b in batches(steps)]
+    assert grouped[:7] == [[s.dir_name] for s in steps[:7]]  # every other stage runs alone
+    assert grouped[7] == [s.dir_name for s in steps[7:]] and len(grouped) == 8

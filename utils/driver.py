@@ -57,11 +57,12 @@ def with_needs(methods: list[str]) -> list[str]:
 
 
 def plan(methods: list[str]) -> list[Step]:
-    steps = [Step(s, s) for s in DATA_STAGES] + [_evaluate(BASE), _evaluate(SFT_WARMUP)]
-    for name in with_needs(methods):
-        m = METHODS[name]
-        steps += [Step(m.trainer, f"{m.trainer}/{name}", algorithm=name), _evaluate(name)]
-    return steps
+    """The data stages, each method's trainer, then every evaluation (base, sft_warmup, the methods):
+    consecutive evaluations run in one 07 process on one engine (`batches`)."""
+    names = with_needs(methods)
+    steps = [Step(s, s) for s in DATA_STAGES]
+    steps += [Step(METHODS[n].trainer, f"{METHODS[n].trainer}/{n}", algorithm=n) for n in names]
+    return steps + [_evaluate(c) for c in (BASE, SFT_WARMUP, *names)]
 
 
 REPORT = Step("08_compare_runs", "08_compare_runs")
@@ -134,22 +135,49 @@ class RunManifest:
         atomic_write_json(self.path, self.data)
 
 
-def run_step(step, common, force, label, log: RunManifest, seed) -> int:
-    directory, skip, reason = up_to_date(step, common)
-    if force:
-        skip, reason = False, "--force"
-    if skip:
-        print(f"{label}: skipped ({reason})", flush=True)
-        log.record(seed, step.dir_name, directory, "skipped", reason)
+def batches(steps: list[Step]) -> list[list[Step]]:
+    """The steps in order, consecutive evaluations in one batch (one 07 process, one engine for all of
+    them: an engine start costs more than an evaluation), every other step alone."""
+    out: list[list[Step]] = []
+    for step in steps:
+        if out and step.checkpoint and out[-1][-1].checkpoint:
+            out[-1].append(step)
+        else:
+            out.append([step])
+    return out
+
+
+def run_batch(batch: list[Step], common, force, label, log: RunManifest, seed) -> int:
+    """Run the steps of a batch that are not up to date, in one process; skip the others."""
+    todo = []
+    for step in batch:
+        directory, skip, reason = up_to_date(step, common)
+        if force:
+            skip, reason = False, "--force"
+        if skip:
+            print(f"{label(step)}: skipped ({reason})", flush=True)
+            log.record(seed, step.dir_name, directory, "skipped", reason)
+        else:
+            todo.append((step, directory, reason))
+    if not todo:
         return 0
-    print(f"{label}: running ({reason})", flush=True)
+    first = todo[0][0]
+    name = first.dir_name if len(todo) == 1 else f"{first.script}/{','.join(s.checkpoint for s, _, _ in todo)}"
+    reasons = sorted({r for _, _, r in todo})
+    print(f"{label(first, name)}: running ({'; '.join(reasons)})", flush=True)
     t0 = time.time()
-    code = subprocess.call([sys.executable, f"{step.script}.py", *common, *step.args], cwd=ROOT)
-    log.record(seed, step.dir_name, directory, "ran", reason, time.time() - t0,
-               "completed" if code == 0 else f"failed (exit {code})")
+    args = first.args if len(todo) == 1 else ["--checkpoint", ",".join(s.checkpoint for s, _, _ in todo)]
+    code = subprocess.call([sys.executable, f"{first.script}.py", *common, *args], cwd=ROOT)
+    seconds = time.time() - t0
+    for step, directory, reason in todo:
+        m = directory / MANIFEST_NAME
+        done = m.is_file() and read_manifest(m).get("status") == "completed"
+        own = read_manifest(m).get("wall_seconds", seconds) if done and len(todo) > 1 else seconds
+        log.record(seed, step.dir_name, directory, "ran", reason, own,
+                   "completed" if code == 0 and done else f"failed (exit {code})")
     if code != 0:
-        print(f"09_driver: {step.dir_name} failed (exit {code}); fix it and re-run the same command to "
+        print(f"09_driver: {name} failed (exit {code}); fix it and re-run the same command to "
               f"resume from there", file=sys.stderr)
         return code
-    print(f"{label}: done in {time.time() - t0:.0f}s", flush=True)
+    print(f"{label(first, name)}: done in {seconds:.0f}s", flush=True)
     return 0
