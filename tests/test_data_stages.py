@@ -1,6 +1,7 @@
 """Stages 00-02 on the embedded default and on small native-format fixtures, including bad input."""
 import importlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -124,12 +125,17 @@ def _corrupt(root: Path, kind: str) -> str:
         row["steps"][1]["result"] = "x"
         lines[2] = json.dumps(row)
         expect = f"{path}, row 3, field 'steps[1].result': expected int, got str"
+    elif kind == "bad_utf8":  # the whole file name, extension included, and the row
+        data = "\n".join(lines).encode()
+        cut = data.index(lines[2].encode()) + 5
+        path.write_bytes(data[:cut] + b"\xff\xfe" + data[cut:] + b"\n")
+        return f"{path}, row 3: not valid UTF-8 (invalid start byte at byte {cut}, line 3)"
     path.write_text("\n".join(lines) + ("\n" if lines else ""))
     return expect
 
 
 @pytest.mark.parametrize("kind", ["truncated", "missing", "duplicate", "empty", "wrong_type", "empty_question",
-                                  "bad_step"])
+                                  "bad_step", "bad_utf8"])
 def test_bad_input_names_file_row_field_and_keeps_previous_outputs(tmp_path, synth, kind, capsys):
     out = tmp_path / "outputs"
     data = ["--set", f"data.path={synth}"]
@@ -141,6 +147,8 @@ def test_bad_input_names_file_row_field_and_keeps_previous_outputs(tmp_path, syn
     assert run_stage("00_check_data", out, *data) == 1
     err = capsys.readouterr().err
     assert expect in err, err
+    if kind == "truncated":  # the decoder's own words, then where: no "starting at at col"
+        assert re.search(r"row 3: invalid JSON \(truncated line\?\): [A-Z][^:]*: column \d+", err), err
     assert manifest(out, "00_check_data")["status"] == "failed"
     # 01 refuses to build on a failed check, and its previous outputs are untouched
     assert run_stage("01_prepare_dataset", out, *data) == 1

@@ -58,15 +58,20 @@ def _json_lines(path: Path, text: str) -> Iterator[tuple[int, Any]]:
         try:
             yield i, json.loads(line)
         except json.JSONDecodeError as exc:
-            raise DataError(path, i, None, f"invalid JSON (truncated line?): {exc.msg} at col {exc.colno}") from None
+            raise DataError(path, i, None, f"invalid JSON (truncated line?): {exc.msg}: column {exc.colno}") from None
 
 
 def read_records(path: Path) -> Iterator[tuple[int, dict]]:
     """(1-based row, object) pairs from a JSONL file or a JSON array file (`.json`); blank lines
     are skipped but counted, so row numbers are line numbers."""
-    text = path.read_text(encoding="utf-8", errors="strict") if path.is_file() else None
-    if text is None:
+    if not path.is_file():
         raise DataError(path, None, None, "file not found")
+    try:
+        text = path.read_text(encoding="utf-8", errors="strict")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        row = None if path.suffix == ".json" else line  # a JSONL row is a line; an array row is not
+        raise DataError(path, row, None, f"not valid UTF-8 ({exc.reason} at byte {exc.start}, line {line})") from None
     if not text.strip():
         raise DataError(path, None, None, "file is empty")
     for i, obj in (_json_array if path.suffix == ".json" else _json_lines)(path, text):

@@ -90,9 +90,6 @@ def check_dataset(name: str, root: Path, scorer: str) -> CheckReport:
         except DataError as exc:
             rep.errors.append(str(exc))
             continue
-        except UnicodeDecodeError as exc:
-            rep.errors.append(f"{root}/{split}: not valid UTF-8 ({exc.reason} at byte {exc.start})")
-            continue
         if loaded is None:
             (rep.errors if split == "train" else rep.warnings).append(
                 f"{root}: no {split} file (looked for {split}.jsonl/.json and its aliases)"
