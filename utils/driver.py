@@ -171,8 +171,9 @@ def run_batch(batch: list[Step], common, force, label, log: RunManifest, seed) -
     seconds = time.time() - t0
     for step, directory, reason in todo:
         m = directory / MANIFEST_NAME
-        done = m.is_file() and read_manifest(m).get("status") == "completed"
-        own = read_manifest(m).get("wall_seconds", seconds) if done and len(todo) > 1 else seconds
+        manifest = read_manifest(m) if m.is_file() else {}
+        done = manifest.get("status") == "completed"
+        own = manifest.get("wall_seconds", seconds) if done and len(todo) > 1 else seconds  # a batch: each its own
         log.record(seed, step.dir_name, directory, "ran", reason, own,
                    "completed" if code == 0 and done else f"failed (exit {code})")
     if code != 0:

@@ -12,8 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from utils.core.manifest import atomic_write_bytes, rel
-from utils.eval.compare import PHASES, SUMMARY_FIELDS, Evaluation, Training, config_diff, fmt, method_key
 from utils.core.methods import METHODS, SFT_WARMUP
+from utils.eval.compare import PHASES, SUMMARY_FIELDS, Evaluation, Training, config_diff, fmt, method_key
 from utils.eval.stats import holm, mean_ci_across_seeds, paired_bootstrap, verdict
 
 
@@ -147,14 +147,18 @@ def comparisons(evals: list[Evaluation], resamples: int, seed: int) -> list[dict
         ordered = sorted(methods, key=method_key)
         pairs = {"red": [("red", m) for m in ordered if m != "red"] if "red" in methods else [],
                  "warmup": [(m, SFT_WARMUP) for m in ordered if m in METHODS] if SFT_WARMUP in methods else []}
+        boot: dict[tuple[str, str], dict] = {}  # red − sft_warmup is in both families: resample it once
         for name, family in pairs.items():
-            out += _family(run, name, family, methods, resamples, seed)
+            for a, b in family:
+                if (a, b) not in boot:
+                    boot[(a, b)] = paired_bootstrap(methods[a], methods[b], resamples, seed)
+            out += _family(run, name, family, boot)
     return out
 
 
-def _family(run: str, name: str, pairs: list[tuple[str, str]], methods: dict, resamples: int, seed: int) -> list[dict]:
-    tests = [{"run": run, "family": name, "a": a, "b": b, **paired_bootstrap(methods[a], methods[b], resamples, seed)}
-             for a, b in pairs]
+def _family(run: str, name: str, pairs: list[tuple[str, str]], boot: dict) -> list[dict]:
+    """One family's tests from their bootstraps, Holm-adjusted within the family, with verdicts."""
+    tests = [{"run": run, "family": name, "a": a, "b": b, **boot[(a, b)]} for a, b in pairs]
     tested = [t for t in tests if t["p_value"] is not None]
     for t, p in zip(tested, holm([t["p_value"] for t in tested])):
         t["p_holm"] = p
@@ -291,7 +295,8 @@ def _caveats(evals: list[Evaluation], trainings: list[Training], tests: list[dic
         if t["n"]:
             out.append(f"- {t['run']}: {t['a']} vs {t['b']}: **{t['verdict']}** ({t['a']} − {t['b']} = {fmt(t['diff'])} on "
                        f"{t['n']} shared items over {t['seeds']} seed(s), 95% CI {fmt(t['ci95_low'])} to "
-                       f"{fmt(t['ci95_high'])}, Holm-adjusted p {fmt(t.get('p_holm'))}).")
+                       f"{fmt(t['ci95_high'])}, Holm-adjusted p {fmt(t.get('p_holm'))} among the "
+                       f"{'comparisons with red' if t['family'] == 'red' else 'comparisons with the warmup'}).")
     seeds = {(e.run, e.method): set() for e in evals}
     for e in evals:
         seeds[(e.run, e.method)].add(e.seed)
