@@ -213,3 +213,26 @@ def test_matched_arm_uses_reds_mean_weight_from_the_same_run(prepared, tmp_path)
     logged = [json.loads(x) for x in
               (out / "t" / "05_train_red_grpo" / "matched_sft" / "metrics.jsonl").read_text().splitlines()]
     assert all(x["red/final_weight"] == 1.0 for x in logged)  # constant: G = 1, no accuracy factor
+
+
+def test_rl_batch_trains_the_roles_asked_for(base_dir):
+    """`algorithm.rl.train_roles`: both roles' sequences carry their episode's advantage; planner or
+    executor keeps only that role's sequences, with the same advantages and ids."""
+    from utils.agent.traces import episode_from_trace, make_trace
+    from utils.train.grpo import build_rl_batch
+
+    codec = Codec(AutoTokenizer.from_pretrained(base_dir), load_run_config().model.templates)
+    episodes = [episode_from_trace(make_trace("a", "3+4-2", [("3+4", "7"), ("7-2", "5")], "5"), codec),
+                episode_from_trace(make_trace("b", "8-1", [("8-1", "7")], "7"), codec)]
+    adv = torch.tensor([1.5, -0.5])
+    both = build_rl_batch(episodes, adv, 0)
+    assert both.roles == ["planner", "executor", "executor", "planner", "executor"]
+    assert both.adv.tolist() == [1.5, 1.5, 1.5, -0.5, -0.5]
+    for roles, keep in (("planner", [0, 3]), ("executor", [1, 2, 4])):
+        part = build_rl_batch(episodes, adv, 0, roles)
+        assert part.roles == [both.roles[i] for i in keep]
+        assert part.adv.tolist() == [both.adv[i].item() for i in keep]
+        width = int(part.attn.sum(-1).max())
+        assert torch.equal(part.ids[:, :width], both.ids[keep][:, :width])
+    with pytest.raises(ValueError, match="both, planner or executor"):
+        build_rl_batch(episodes, adv, 0, "critic")

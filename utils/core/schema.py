@@ -23,6 +23,7 @@ LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")  # 
 ADV_SCALINGS = ("group", "batch", "none")  # utils/train/losses.py ADVANTAGES
 SCORER_NAMES = ("em", "f1", "cem", "numeric")  # utils/reward/scorers.py SCORERS
 ADAPTER_NAMES = ("synthetic_arith", "gsm8k", "finqa", "hotpotqa")  # utils/data/adapters.py ADAPTERS
+TRAIN_ROLES = ("both", "planner", "executor")  # utils/train/grpo.py build_rl_batch
 LEAKAGE_POLICIES = ("drop_from_train", "warn", "error")  # utils/data/prepare.py
 
 
@@ -107,6 +108,9 @@ class RlConfig:
     loss_agg: str = field("token-mean", "How per-token losses are averaged.", LOSS_AGGS)
     adv_scaling: str = field("none", "Advantage std scaling (none = Dr. GRPO: a 0.1 format gap is not "
                                      "blown up to a correct answer's size; chosen on val, README).", ADV_SCALINGS)
+    train_roles: str = field("both", "Whose segments the policy loss trains: both roles share the episode's "
+                                     "advantage (the paper), or only the planner's (the executor keeps its "
+                                     "warmup behaviour, plus the SFT term when on).", TRAIN_ROLES)
     kl_coef: float = field(0.0, "k3 KL coefficient to the reference: the SFT warmup adapter RL starts from.")
     entropy_coef: float = field(0.0, "beta: entropy bonus.")
     ppo_epochs: int = field(1, "Optimizer passes per rollout batch.")

@@ -42,10 +42,14 @@ class RlBatch:
     roles: list[str]
 
 
-def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int) -> RlBatch | None:
-    """Every trained sequence of the episodes (utils/agent/episode.py), each with its episode's
-    advantage; None if no sequence has a trained token."""
-    seqs = [(ex, a) for ep, a in zip(episodes, adv.tolist()) for ex in episode_sequences(ep) if sum(ex.mask)]
+def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int, roles: str = "both") -> RlBatch | None:
+    """Every trained sequence of the episodes (utils/agent/episode.py) whose role `roles` selects
+    ("both", "planner", "executor"), each with its episode's advantage; None if no sequence has a
+    trained token."""
+    if roles not in ("both", "planner", "executor"):
+        raise ValueError(f"roles must be both, planner or executor, got {roles!r}")
+    seqs = [(ex, a) for ep, a in zip(episodes, adv.tolist()) for ex in episode_sequences(ep)
+            if sum(ex.mask) and roles in ("both", ex.role)]
     if not seqs:
         return None
     ids, attn = pad([ex.ids for ex, _ in seqs], pad_id, torch.long)

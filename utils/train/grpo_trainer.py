@@ -174,7 +174,7 @@ class GrpoTrainer:
         adv = group_advantages(rewards, rl.n_samples, rl.adv_scaling)
         timings["time/scoring"] = time.time() - t0
         t0 = time.time()
-        batch = build_rl_batch(episodes, adv, self.pad_id)
+        batch = build_rl_batch(episodes, adv, self.pad_id, rl.train_roles)
         old_lp, ref_lp = self._fixed_logprobs(batch)
         timings["time/logprobs"] = time.time() - t0
         t0 = time.time()
