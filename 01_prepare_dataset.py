@@ -4,16 +4,20 @@ Reads the raw files that 00_check_data validated (their hashes must still match 
 carves missing splits, handles leakage and caps sizes (utils/data/prepare.py), and writes
 outputs/<run_id>/01_prepare_dataset/{train,val,test}.jsonl. Each row is the unified schema
 (id, question, answers, context, solution, meta) plus `prompt`, the rendered planner prompt.
+A context longer than its token budget (`data.context_max_tokens`; 0 = what max_model_len leaves
+after the context-free prompt and one planner turn) loses whole lines from the end, and a last
+line says so (utils/agent/prompts.py `fit_context`); the row's `meta.context_cut` records what was
+cut and the manifest counts the cut rows per split.
 """
 import json
 import sys
 
-from utils.agent.prompts import render_planner
+from utils.agent.prompts import fit_context, render_planner
 from utils.core.cli import parse_stage_args
 from utils.core.io import read_records, write_jsonl
 from utils.core.manifest import StageRun, path_sha256
 from utils.core.schema import repo_path
-from utils.core.stages import StageError, parent, run_main, stage_config, stage_dir
+from utils.core.stages import StageError, model_dir, parent, run_main, stage_config, stage_dir
 from utils.data.adapters import get_adapter
 from utils.data.prepare import PrepareError, prepare_splits
 
@@ -35,11 +39,22 @@ def _load_checked_raw(cfg, parent_manifest) -> dict:
     return raw
 
 
-def _tokenizer(cfg):
-    if not cfg.model.templates.use_chat_template:
-        return None
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(repo_path(cfg.model.path))
+def _fit(cfg, tok, row) -> int:
+    """Cut the row's context to its budget in place; 1 if it was cut."""
+    if not row.context:
+        return 0
+    t = cfg.model.templates
+    budget = cfg.data.context_max_tokens or (
+        cfg.model.engine.max_model_len - cfg.model.max_new_tokens_planner
+        - len(tok.encode(render_planner(t, row.question, "x", tok if t.use_chat_template else None))))
+    if budget <= 0:
+        raise StageError(f"row {row.id}: the planner prompt leaves no room for its context within "
+                         f"model.engine.max_model_len={cfg.model.engine.max_model_len}; raise it or set "
+                         f"data.context_max_tokens")
+    row.context, cut = fit_context(row.context, lambda s: len(tok.encode(s, add_special_tokens=False)), budget)
+    if cut:
+        row.meta["context_cut"] = cut
+    return int(cut is not None)
 
 
 def main(argv=None) -> int:
@@ -53,12 +68,16 @@ def main(argv=None) -> int:
             splits, stats = prepare_splits(_load_checked_raw(cfg, checked), cfg.data)
         except PrepareError as exc:
             raise StageError(str(exc)) from None
-        tok = _tokenizer(cfg)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir(cfg))
+        chat = tok if cfg.model.templates.use_chat_template else None
         for split, rows in splits.items():
             if not rows:
                 raise StageError(f"split '{split}' is empty after preparation ({stats})")
+            run.metrics[f"context_cut_{split}"] = sum(_fit(cfg, tok, row) for row in rows)
             write_jsonl(out / f"{split}.jsonl", ({**row.to_json(), "prompt": render_planner(
-                cfg.model.templates, row.question, row.context, tok)} for row in rows))
+                cfg.model.templates, row.question, row.context, chat)} for row in rows))
             run.add_output(out / f"{split}.jsonl")
             run.metrics[f"rows_{split}"] = len(rows)
         run.metrics.update(stats)

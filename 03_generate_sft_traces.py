@@ -17,7 +17,8 @@ import sys
 from tqdm import tqdm
 
 from utils.agent.rollout import Codec, Rollout, RolloutSpec
-from utils.agent.traces import examples_from_trace, trace_from_episode, trace_from_row, trace_record, trace_stats
+from utils.agent.traces import (examples_from_trace, skipped_stats, trace_from_episode, trace_from_row, trace_record,
+                                trace_stats)
 from utils.core.cli import parse_stage_args
 from utils.core.io import read_jsonl, write_jsonl
 from utils.core.manifest import StageRun, atomic_write_json
@@ -73,7 +74,7 @@ class _LengthFilter:
 
 def main(argv=None) -> int:
     cfg, _ = parse_stage_args(__doc__, argv)
-    out = stage_dir(cfg, STAGE)
+    out, skipped = stage_dir(cfg, STAGE), []
     from transformers import AutoTokenizer
 
     with StageRun(STAGE, out, stage_config(cfg, STAGE), cfg.seed) as run:
@@ -88,20 +89,23 @@ def main(argv=None) -> int:
         if source == "teacher":
             pairs, sampled = _teacher(cfg, rows, read_spec(rewards_dir / "reward_spec.yaml"), codec, wanted)
         else:  # gold | solution: the config accepts no other source
-            traces = [(row, trace_from_row(row, source)) for row in rows]
-            usable = _LengthFilter(cfg)
-            pairs = [(t, examples_from_trace(t, codec, row.get("context"))) for row, t in traces
-                     if t is not None and usable(t)]
-            sampled = 0
+            pairs, skipped, usable, sampled = [], [], _LengthFilter(cfg), 0
+            for row in rows:
+                trace, why = trace_from_row(row, source)
+                if trace is None:
+                    skipped.append((row["id"], why))
+                elif usable(trace):
+                    pairs.append((trace, examples_from_trace(trace, codec, row.get("context"))))
         accepted = len(pairs) if sampled else 0  # before the cap: the teacher's acceptance rate
         pairs = pairs[:wanted]
         if not pairs:
             cap = f" and traces.max_subtasks={cfg.traces.max_subtasks}" if cfg.traces.max_subtasks else ""
-            raise StageError(f"no usable traces from {len(rows)} rows of {train} with source '{source}'{cap}")
+            why = "".join(f"; {n} × {k}" for k, n in list(skipped_stats(skipped)["reasons"].items())[:3])
+            raise StageError(f"no usable traces from {len(rows)} rows of {train} with source '{source}'{cap}{why}")
         records = [trace_record(t, ex, source) for t, ex in pairs]
         write_jsonl(out / "sft_traces.jsonl", records)
         stats = trace_stats(records, [e for _, ex in pairs for e in ex], len(rows), accepted,
-                            sampled, source)
+                            sampled, source, skipped)
         atomic_write_json(out / "stats.json", stats)
         for name in ("sft_traces.jsonl", "stats.json"):
             run.add_output(out / name)

@@ -40,7 +40,7 @@ def gold_examples(rows: list[dict], codec) -> list[Example]:
 
     out = []
     for row in rows:
-        trace = trace_from_row(row, "gold")
+        trace, _ = trace_from_row(row, "gold")
         if trace is not None:
             out += examples_from_trace(trace, codec, row.get("context"))
     return out

@@ -81,17 +81,53 @@ def test_hotpotqa_adapter_reads_both_native_forms():
     assert hub[1][1].answers == ["Lisbon"] and "Vale Group: The Vale Group" in hub[1][1].context
 
 
-@pytest.mark.parametrize("name,n_val,expect", [("gsm8k", 2, {"train": 4, "val": 2, "test": 3}),
-                                               ("finqa", 1, {"train": 3, "val": 1, "test": 2}),
-                                               ("hotpotqa", 1, {"train": 3, "val": 1, "test": 1})])
-def test_fixture_datasets_run_through_00_to_02(tmp_path, name, n_val, expect, capsys):
+# per fixture: split sizes after 01, text that the rendered train prompts must hold (table cells,
+# paragraph sentences), and the gold traces 03 must write (train ids)
+FIXTURE_RUNS = {
+    "gsm8k": (2, {"train": 4, "val": 2, "test": 3}, [], 4),
+    "finqa": (1, {"train": 4, "val": 1, "test": 2},
+              ["fair value of swaps | $ 512 | $ -230 ( 230 )", "revenue | $ 1,200 | $ 1,000 | $ 800",
+               "a 100 basis point change would move annual interest expense"], 4),
+    "hotpotqa": (1, {"train": 3, "val": 1, "test": 1},
+                 ["Ida Lorne: Ida Lorne (1901-1980) was a Scottish painter.",
+                  "Brenfold: Brenfold is a market town on the Tessel."], 1),
+}
+
+
+def _prepared(out: Path, split: str) -> list[dict]:
+    return [json.loads(x) for x in (out / "t" / "01_prepare_dataset" / f"{split}.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name", FIXTURE_RUNS)
+def test_fixture_datasets_run_through_00_to_03(tmp_path, name, capsys):
+    """Native-format fixtures: every stage to the SFT traces runs, the planner prompts carry the
+    row's context, and every gold trace ends in the row's gold answer."""
+    from utils.reward.scorers import score_numeric
+
+    n_val, expect, evidence, n_traces = FIXTURE_RUNS[name]
     out = tmp_path / "outputs"
     args = ["--data", name, "--set", f"data.path={FIXTURES / name}", "--set", f"data.n_val={n_val}",
             "--set", "data.n_test=1" if name == "hotpotqa" else "data.n_test=0"]
-    for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards"):
+    for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces"):
         assert run_stage(stage, out, *args) == 0, capsys.readouterr().err
     counts = {s: manifest(out, "01_prepare_dataset")["metrics"][f"rows_{s}"] for s in expect}
     assert counts == expect
+    prompts = "\n".join(r["prompt"] for r in _prepared(out, "train"))
+    for text in evidence:
+        assert text in prompts
+    for row in _prepared(out, "train"):
+        assert (row["context"] is None) == ("context:" not in row["prompt"])
+    traces = [json.loads(x) for x in (out / "t" / "03_generate_sft_traces" / "sft_traces.jsonl").read_text().splitlines()]
+    stats = json.loads((out / "t" / "03_generate_sft_traces" / "stats.json").read_text())
+    assert len(traces) == n_traces and stats["no_trace"]["count"] == expect["train"] - n_traces
+    golds = {r["id"]: r["answers"] for r in _prepared(out, "train")}
+    for t in traces:
+        last_result = re.search(r"<answer>(.*)</answer>", t["executor_calls"][-1][1]).group(1)
+        assert t["planner_turns"][-1].endswith(f"<answer>{golds[t['qid']][0]}</answer>")
+        if name != "hotpotqa":  # the executed decomposition reaches the gold answer
+            assert score_numeric(last_result, golds[t["qid"]])[0] == 1.0, t
+        else:
+            assert last_result == golds[t["qid"]][0]
 
 
 def _corrupt(root: Path, kind: str) -> str:

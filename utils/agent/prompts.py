@@ -1,7 +1,10 @@
 """Rendering the role prompts from the model config's templates (docs/ARCHITECTURE.md, "Protocol").
 
-Templates are `str.format` strings: the planner's sees {question} and {context} (empty when the
-row has none), the executor's sees {task}. With `use_chat_template`, the rendered text becomes the
+Templates are `str.format` strings: the planner's sees {question} and {context}, the executor's
+{task} and {context}. {context} is the row's context framed by `templates.context`, or nothing when
+the row has none, so a context-free row renders as if the template had no {context} at all.
+`fit_context` cuts a context to a token budget (01_prepare_dataset applies it once, so every
+stage renders the same prompt). With `use_chat_template`, the rendered text becomes the
 user turn of the tokenizer's chat template, with the generation prompt appended.
 """
 from __future__ import annotations
@@ -29,14 +32,35 @@ def _chat(text: str, tokenizer) -> str:
                                          add_generation_prompt=True)
 
 
+def _framed(t: TemplatesConfig, context: str | None) -> str:
+    return _fill(t.context, "context", context=context) if context else ""
+
+
 def render_planner(t: TemplatesConfig, question: str, context: str | None = None, tokenizer=None) -> str:
-    text = _fill(t.planner, "planner", question=question, context=context or "")
+    text = _fill(t.planner, "planner", question=question, context=_framed(t, context))
     return _chat(text, tokenizer) if t.use_chat_template else text
 
 
-def render_executor(t: TemplatesConfig, task: str, tokenizer=None) -> str:
-    text = _fill(t.executor, "executor", task=task)
+def render_executor(t: TemplatesConfig, task: str, tokenizer=None, context: str | None = None) -> str:
+    text = _fill(t.executor, "executor", task=task, context=_framed(t, context))
     return _chat(text, tokenizer) if t.use_chat_template else text
+
+
+def fit_context(context: str, count_tokens, budget: int) -> tuple[str, dict | None]:
+    """`context` cut to at most `budget` tokens (as `count_tokens` counts them): whole lines are kept
+    from the start while they fit, and a last line says how many were cut. Returns (text, None) when
+    it fits, else (cut text, {"lines_kept", "lines_total", "tokens_before"})."""
+    before = count_tokens(context)
+    if before <= budget:
+        return context, None
+    lines = context.split("\n")
+    for kept in range(len(lines) - 1, -1, -1):
+        note = f"[context cut: {len(lines) - kept} of {len(lines)} lines dropped to fit {budget} tokens]"
+        text = "\n".join([*lines[:kept], note])
+        if count_tokens(text) <= budget:
+            return text, {"lines_kept": kept, "lines_total": len(lines), "tokens_before": before}
+    raise TemplateError(f"a context budget of {budget} tokens cannot even hold the note that says what was cut; "
+                        f"raise data.context_max_tokens or model.engine.max_model_len")
 
 
 def render_result(t: TemplatesConfig, result: str) -> str:

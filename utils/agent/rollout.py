@@ -63,8 +63,10 @@ class Codec:
         text = render_planner(self.templates, question, context, self.tok)
         return text, self.tok.encode(text, add_special_tokens=self._special)
 
-    def executor_prompt(self, task: str) -> list[int]:
-        return self.tok.encode(render_executor(self.templates, task, self.tok), add_special_tokens=self._special)
+    def executor_prompt(self, task: str, context: str | None = None) -> list[int]:
+        """The executor's prompt ids; `context` reaches it only if the executor template says {context}."""
+        text = render_executor(self.templates, task, self.tok, context)
+        return self.tok.encode(text, add_special_tokens=self._special)
 
     def result(self, answer: str) -> tuple[str, list[int]]:
         text = render_result(self.templates, answer)
@@ -79,6 +81,7 @@ class Rollout:
 
     def __init__(self, engine: Engine, codec: Codec, spec: RolloutSpec):
         self.engine, self.codec, self.spec = engine, codec, spec
+        self._evidence: list[str | None] = []  # per episode of the running batch: its row's context
 
     def _sampling(self, max_tokens: int, stops: list[str]) -> SamplingSpec:
         return SamplingSpec(max_tokens=max_tokens, temperature=self.spec.temperature, top_p=self.spec.top_p,
@@ -113,9 +116,10 @@ class Rollout:
         Every request is seeded by (seed, step, episode, turn, role) alone, and episodes advance
         independently: an executor call is queued as soon as its planner turn ends, and the next
         planner turn as soon as its result is injected, all on the engine's one request stream."""
-        episodes = []
+        episodes, self._evidence = [], []
         for row in rows:
             prompt, ids = self.codec.planner_prompt(row["question"], row.get("context"))
+            self._evidence += [row.get("context")] * n
             for k in range(n):
                 episodes.append(Episode(row["id"], row["question"], list(row["answers"]), k, planner_ids=list(ids),
                                         transcript=prompt))
@@ -144,7 +148,7 @@ class Rollout:
             self._end(ep, "malformed", "empty <task>")
         else:
             task = task.strip()
-            context = self.codec.executor_prompt(task)
+            context = self.codec.executor_prompt(task, self._evidence[i])
             if not self._submit((EXECUTOR, i, turn, (task, context)), context, self.spec.max_new_tokens_executor,
                                 derive_seed(seed, step, i, turn, "executor")):
                 self._end(ep, "executor_error", "executor context exceeds max_model_len")

@@ -1,7 +1,9 @@
 """SFT traces: complete planner/executor episodes in the exact protocol the rollouts use.
 
 A trace is built from a decomposition: a list of (subtask, result) steps and a final answer.
-- `gold`: the synthetic task's own steps (meta.steps).
+- `gold`: the dataset's own decomposition (meta.steps): the synthetic task's steps, FinQA's
+  executed program, GSM8K's calculator annotations, HotpotQA's bridge hops (utils/data/decompose.py);
+  a row without one says why in meta.trace_error.
 - `solution`: a worked solution's lines, e.g. GSM8K's "48/2 = 24" becomes subtask "48/2" with
   result "24"; lines without a trailing "= number" are skipped.
 
@@ -42,6 +44,8 @@ class Trace:
 def _remaining(question: str, steps: list[tuple[str, str]], k: int) -> str:
     """The expression left after substituting the first k results (arithmetic chains only)."""
     expr = question.replace("(", "").replace(")", "")
+    if not steps or not expr.startswith(steps[0][0]):
+        return f"step {k + 1}"  # not an arithmetic chain
     for task, result in steps[:k]:
         if not expr.startswith(task):
             return f"step {k + 1}"
@@ -71,17 +75,34 @@ def steps_from_solution(solution: str) -> list[tuple[str, str]]:
     return steps
 
 
-def trace_from_row(row: dict, source: str) -> Trace | None:
-    """A trace for a prepared row, or None if the source cannot decompose it."""
+def trace_from_row(row: dict, source: str) -> tuple[Trace | None, str | None]:
+    """(trace, None) for a prepared row, or (None, why the source cannot decompose it)."""
+    meta = row.get("meta") or {}
     if source == "gold":
-        steps = [(s["task"], str(s["result"])) for s in row.get("meta", {}).get("steps", [])]
+        steps = [(s["task"], str(s["result"])) for s in meta.get("steps", [])]
+        why = meta.get("trace_error") or "the row has no gold decomposition"
     elif source == "solution":
         steps = steps_from_solution(row.get("solution") or "")
+        why = "no 'expr = number' line in the solution"
     else:
         raise ValueError(f"unknown trace source '{source}'; valid: gold, solution, teacher")
     if not steps:
-        return None
-    return make_trace(row["id"], row["question"], steps, row["answers"][0])
+        return None, why
+    return make_trace(row["id"], row["question"], steps, row["answers"][0]), None
+
+
+def _kind(reason: str) -> str:
+    """A reason without its row's particulars, to count alike ones: 'step N (divide)'."""
+    return re.sub(r"-?\d[\d.,]*", "N", reason.split(":")[0]).strip()
+
+
+def skipped_stats(skipped: list[tuple[str, str]], shown: int = 5) -> dict:
+    """How many rows gave no trace and why: counts per kind of reason, and the first few in full."""
+    kinds: dict[str, int] = {}
+    for _, reason in skipped:
+        kinds[_kind(reason)] = kinds.get(_kind(reason), 0) + 1
+    return {"count": len(skipped), "reasons": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+            "examples": [{"qid": q, "reason": r} for q, r in skipped[:shown]]}
 
 
 def episode_from_trace(trace: Trace, codec: Codec, context: str | None = None) -> Episode:
@@ -96,7 +117,7 @@ def episode_from_trace(trace: Trace, codec: Codec, context: str | None = None) -
         ctx = ctx + gen
         if k < len(trace.executor_calls):
             task, text = trace.executor_calls[k]
-            prompt, out = codec.executor_prompt(task), codec.plain(text)
+            prompt, out = codec.executor_prompt(task, context), codec.plain(text)
             ep.segments.append(Segment(EXECUTOR, k, prompt, out, [0.0] * len(out), text, "stop"))
         if k < len(trace.results):
             ctx = ctx + codec.result(trace.results[k])[1]
@@ -146,14 +167,15 @@ def _dist(values: list[int]) -> dict:
 
 
 def trace_stats(records: list[dict], examples: list[Example], rows_seen: int, accepted: int, sampled: int,
-                source: str) -> dict:
+                source: str, skipped: list[tuple[str, str]] = ()) -> dict:
+    """stats.json: traces, turns and tokens per role, and (`no_trace`) the rows that gave none and why."""
     by_role = {}
     for role in (PLANNER, EXECUTOR):
         ex = [e for e in examples if e.role == role]
         by_role[role] = {"examples": len(ex), "trained_tokens": _dist([sum(e.mask) for e in ex]),
                          "total_tokens": _dist([len(e.ids) for e in ex])}
     return {
-        "source": source, "traces": len(records), "rows_seen": rows_seen,
+        "source": source, "traces": len(records), "rows_seen": rows_seen, "no_trace": skipped_stats(list(skipped)),
         "acceptance_rate": round(accepted / sampled, 4) if sampled else None,
         "sampled_episodes": sampled, "accepted_episodes": accepted,
         "turns_per_trace": _dist([len(r["planner_turns"]) for r in records]),

@@ -57,8 +57,13 @@ class EngineConfig:
 
 @dataclass
 class TemplatesConfig:
-    planner: str = field("plan: {question}\n", "Planner prompt; {question} is replaced.")
-    executor: str = field("solve: {task}\n", "Executor prompt; {task} is replaced by the subtask.")
+    planner: str = field("{context}plan: {question}\n", "Planner prompt; {question} is replaced, and {context} by "
+                                                         "the row's framed context (`context`), or by nothing.")
+    executor: str = field("solve: {task}\n", "Executor prompt; {task} is replaced by the subtask. It may use "
+                                              "{context} too; by default it does not (the executor sees only "
+                                              "its subtask: the planner must put what it needs there).")
+    context: str = field("context:\n{context}\n", "How a row's context (FinQA table and text, HotpotQA "
+                                                    "paragraphs) is framed where a role prompt says {context}.")
     result: str = field("<result>{result}</result>\n", "Text injected into the planner context after a subtask.")
     use_chat_template: bool = field(False, "Wrap prompts with the tokenizer's chat template (real chat models).")
 
@@ -136,11 +141,16 @@ class DataConfig:
     scorer: str = field("numeric", "Answer scorer.", SCORER_NAMES)
     seed: int = field(1234, "Seed of the synthetic generator; fixed apart from the run seed, so every "
                             "run and seed is scored on the same test items (synthetic only).")
-    n_train: int = field(2000, "Synthetic: questions to generate. Real data: cap on train rows (0 = all).")
-    n_val: int = field(100, "Synthetic: questions to generate. Real data: cap, or rows carved from train "
-                            "when the source has no val split.")
-    n_test: int = field(200, "Synthetic: questions to generate. Real data: cap, or rows carved when the "
-                             "source has no test split.")
+    n_train: int | float = field(2000, "Synthetic: questions to generate. Real data: cap on train rows (0 = all; "
+                                       "a fraction in (0, 1) keeps that share).")
+    n_val: int | float = field(100, "Synthetic: questions to generate. Real data: cap, or rows carved from "
+                                    "train when the source has no val split; a count, or a fraction in (0, 1) "
+                                    "of the split it comes from (0.1: a tenth).")
+    n_test: int | float = field(200, "Synthetic: questions to generate. Real data: cap, or rows carved when "
+                                     "the source has no test split; a count or a fraction, as n_val.")
+    context_max_tokens: int = field(0, "Token budget of a row's context in the prompt (0 = what max_model_len "
+                                       "leaves after the prompt and one planner turn); 01 cuts whole lines "
+                                       "from the end and says so in a last line.")
     on_leakage: str = field("drop_from_train", "A val/test question also in train.", LEAKAGE_POLICIES)
     min_steps: int = field(1, "Fewest subtasks per problem (synthetic only).")
     max_steps: int = field(6, "Most subtasks per problem (synthetic only).")

@@ -22,7 +22,8 @@ from utils.core.schema import RunConfig, repo_path
 # stage -> the config keys it reads (08's settings are the evaluations it finds: utils/eval/compare.py)
 CONFIG_KEYS: dict[str, tuple[str, ...]] = {
     "00_check_data": ("data",),
-    "01_prepare_dataset": ("data", "model.templates", "model.path"),
+    "01_prepare_dataset": ("data", "model.templates", "model.path", "model.engine.max_model_len",
+                           "model.max_new_tokens_planner"),
     "02_build_rewards": ("data.scorer", "reward"),
     "03_generate_sft_traces": ("traces", "model.path", "model.templates", "model.engine",
                                "model.max_new_tokens_planner", "model.max_new_tokens_executor",

@@ -11,6 +11,12 @@ the field, with what was expected and what was found (`DataError`). Native forma
   (JSONL with the same objects is accepted too);
 - hotpotqa: a JSON array (the original release: context = [[title, [sentences]]]) or JSONL
   (the hub's form: context = {title: [...], sentences: [[...]]}), {_id|id, question, answer}.
+
+`context` is the evidence as the model will read it, one block per line so that 01 can cut whole
+lines from the end when it exceeds the token budget: FinQA's table first (as aligned rows, the
+header row first), then its text before and after the table; HotpotQA's paragraphs as
+`title: sentences`, in the file's order. `meta.steps` holds the gold decomposition read from the
+dataset's own annotations (utils/data/decompose.py), or `meta.trace_error` says why there is none.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from utils.core.io import DataError, read_records, require, type_name
+from utils.data.decompose import finqa_program_steps, gsm8k_annotation_steps, hotpot_bridge_steps
 
 SPLIT_FILES = {"train": ("train",), "val": ("val", "dev", "validation"), "test": ("test",)}
 SPLITS = tuple(SPLIT_FILES)
@@ -72,8 +79,24 @@ def _gsm8k(path: Path, row: int, obj: dict, split: str) -> Row:
     body, final = answer.rsplit("####", 1)
     lines = [_GSM_CALC.sub("", ln).strip() for ln in body.strip().splitlines() if ln.strip()]
     rid = str(obj.get("id", f"{split}-{row:05d}"))
-    return Row(rid, question, [final.strip().replace(",", "")], None, "\n".join(lines),
-               {"solution_steps": lines})
+    final = final.strip().replace(",", "")
+    return Row(rid, question, [final], None, "\n".join(lines),
+               {"solution_steps": lines, **_gold(gsm8k_annotation_steps(body, final))})
+
+
+def _gold(found: tuple[list[tuple[str, str]], str | None]) -> dict:
+    steps, reason = found
+    if reason is not None:
+        return {"trace_error": reason}
+    return {"steps": [{"task": t, "result": r} for t, r in steps], "n_steps": len(steps)}
+
+
+def table_text(table: list) -> list[str]:
+    """A FinQA table as aligned rows: each column padded to its widest cell, cells split by ' | '."""
+    rows = [[" ".join(str(c).split()) for c in r] if isinstance(r, list) else [" ".join(str(r).split())]
+            for r in table]
+    widths = [max((len(r[j]) for r in rows if j < len(r)), default=0) for j in range(max(map(len, rows), default=0))]
+    return [" | ".join(c.ljust(widths[j]) for j, c in enumerate(r)).rstrip() for r in rows]
 
 
 def _finqa(path: Path, row: int, obj: dict, split: str) -> Row:
@@ -87,14 +110,15 @@ def _finqa(path: Path, row: int, obj: dict, split: str) -> Row:
     pre = require(obj, "pre_text", list, path, row)
     post = require(obj, "post_text", list, path, row)
     table = require(obj, "table", list, path, row)
-    table_text = "\n".join(" | ".join(str(c) for c in r) if isinstance(r, list) else str(r) for r in table)
-    context = "\n".join([*map(str, pre), table_text, *map(str, post)]).strip()
+    text = [" ".join(str(t).split()) for t in [*pre, *post] if str(t).strip()]
+    context = "\n".join(table_text(table) + text) or None
     answers = [str(ans)] + ([str(qa["answer"])] if "exe_ans" in qa and qa.get("answer") not in (None, "") else [])
-    return Row(rid, question, answers, context, qa.get("program") if isinstance(qa.get("program"), str) else None,
-               {"program": qa.get("program")})
+    program = qa.get("program")
+    return Row(rid, question, answers, context, program if isinstance(program, str) else None,
+               {"program": program, **_gold(finqa_program_steps(program, table, ans))})
 
 
-def _hotpot_context(ctx: Any, path: Path, row: int) -> str:
+def _hotpot_paragraphs(ctx: Any, path: Path, row: int) -> list[tuple[str, str]]:
     if isinstance(ctx, dict):  # hub form
         titles = ctx.get("title", [])
         sents = ctx.get("sentences", [])
@@ -109,7 +133,7 @@ def _hotpot_context(ctx: Any, path: Path, row: int) -> str:
             pairs.append((item[0], item[1]))
     else:
         raise DataError(path, row, "context", f"expected a list or an object, got {type_name(ctx)}")
-    return "\n".join(f"{title}: {''.join(map(str, s))}" for title, s in pairs)
+    return [(str(title), " ".join("".join(map(str, s)).split())) for title, s in pairs]
 
 
 def _hotpotqa(path: Path, row: int, obj: dict, split: str) -> Row:
@@ -117,9 +141,11 @@ def _hotpotqa(path: Path, row: int, obj: dict, split: str) -> Row:
     rid = require(obj, key, str, path, row)
     question = require(obj, "question", str, path, row)
     answer = require(obj, "answer", str, path, row)
-    context = _hotpot_context(obj["context"], path, row) if "context" in obj else None
+    paragraphs = _hotpot_paragraphs(obj["context"], path, row) if "context" in obj else []
+    context = "\n".join(f"{title}: {text}" for title, text in paragraphs) or None
+    gold = hotpot_bridge_steps(question, answer, obj.get("type"), obj.get("supporting_facts"), paragraphs)
     return Row(rid, question, [answer], context, None,
-               {"type": obj.get("type"), "level": obj.get("level")})
+               {"type": obj.get("type"), "level": obj.get("level"), **_gold(gold)})
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ scored on the same test items). The order of operations:
 2. leakage (`data.on_leakage`): drop_from_train removes train rows whose question is in val or
    test, and val rows whose question is in test; warn keeps them; error stops;
 3. caps: `n_train`/`n_val`/`n_test` > 0 keep a seeded subsample of that many rows, in file order.
+A size may be a fraction in (0, 1) instead of a count: of the split it is carved from (n_val of
+train, n_test of val or train), or of the split it caps; it rounds to at least one row.
 """
 from __future__ import annotations
 
@@ -21,11 +23,22 @@ class PrepareError(ValueError):
     pass
 
 
-def _carve(rows: list[Row], n: int, rng: random.Random, what: str) -> tuple[list[Row], list[Row]]:
+def rows_for(n: int | float, total: int, what: str) -> int:
+    """data.n_<what> as a row count out of `total`: a count as is, a fraction in (0, 1) of `total`."""
+    if isinstance(n, float):
+        if not 0 < n < 1:
+            raise PrepareError(f"data.n_{what}={n}: a fraction must lie strictly between 0 and 1 (or give a count)")
+        return max(1, round(n * total))
+    return n
+
+
+def _carve(rows: list[Row], n: int | float, rng: random.Random, what: str) -> tuple[list[Row], list[Row]]:
     if n <= 0:
         raise PrepareError(f"the source has no {what} split and data.n_{what} is {n}; set it > 0 to carve one")
+    n = rows_for(n, len(rows), what)
     if n >= len(rows):
-        raise PrepareError(f"cannot carve {n} {what} rows from {len(rows)}; lower data.n_{what}")
+        raise PrepareError(f"cannot carve {n} {what} rows from {len(rows)}; lower data.n_{what} "
+                           f"or give a fraction (data.n_{what}=0.1 carves a tenth)")
     picked = set(rng.sample(range(len(rows)), n))
     return [r for i, r in enumerate(rows) if i not in picked], [r for i, r in enumerate(rows) if i in picked]
 
@@ -36,8 +49,11 @@ def _drop_leaks(rows: list[Row], held: list[Row]) -> tuple[list[Row], int]:
     return kept, len(rows) - len(kept)
 
 
-def _cap(rows: list[Row], n: int, rng: random.Random) -> list[Row]:
-    if n <= 0 or len(rows) <= n:
+def _cap(rows: list[Row], n: int | float, rng: random.Random, what: str) -> list[Row]:
+    if n <= 0:
+        return rows
+    n = rows_for(n, len(rows), what)
+    if len(rows) <= n:
         return rows
     keep = set(rng.sample(range(len(rows)), n))
     return [r for i, r in enumerate(rows) if i in keep]
@@ -67,7 +83,7 @@ def prepare_splits(raw: dict[str, list[Row]], cfg: DataConfig) -> tuple[dict[str
             stats["dropped_leaked"][src] = dropped
     for split, n in (("train", cfg.n_train), ("val", cfg.n_val), ("test", cfg.n_test)):
         before = len(splits[split])
-        splits[split] = _cap(splits[split], n, rng)
+        splits[split] = _cap(splits[split], n if split not in stats["carved"] else 0, rng, split)
         if len(splits[split]) < before:
             stats["capped"][split] = f"{before} -> {len(splits[split])}"
     return splits, stats

@@ -24,6 +24,9 @@ SIZE_KNOBS = ("n_train", "n_val", "n_test")  # how many were drawn
 
 def generate_rows(cfg: DataConfig) -> dict[str, list[dict]]:
     sizes = {"train": cfg.n_train, "val": cfg.n_val, "test": cfg.n_test}
+    for split, n in sizes.items():
+        if isinstance(n, float):
+            raise ValueError(f"data.n_{split}={n}: the synthetic task draws a count of questions, not a fraction")
     if cfg.min_steps > cfg.max_steps:
         raise ValueError(f"data.min_steps ({cfg.min_steps}) > data.max_steps ({cfg.max_steps})")
     rng, seen = random.Random(cfg.seed), set()
