@@ -12,11 +12,15 @@ manifests, completed) is skipped, so a second invocation with nothing changed on
 interrupted one resumes (the interrupted stage itself resumes from its last checkpoint). With
 several seeds, seed s writes to outputs/<run_id>/seed_<s>/. --set overrides reach every stage.
 outputs/<run_id>/run_manifest.json lists every stage's manifest and what the driver did with it.
+One driver at a time per run: a second one on the same --run_id is refused, naming the first
+(utils/core/lock.py).
 """
 import argparse
+import os
 import sys
 import time
 
+from utils.core.lock import HOLDER_ENV, RunLock, RunLocked
 from utils.core.manifest import rel
 from utils.core.methods import METHODS
 from utils.driver import REPORT, RunManifest, batches, plan, run_batch, stage_path
@@ -43,6 +47,18 @@ def main(argv=None) -> int:
         base += ["--set", item]
     root = base + ["--run_id", args.run_id]
     run_root = stage_path(root, REPORT).parent
+    try:
+        with RunLock(run_root):  # one writer per run; our stages get through (utils/core/lock.py)
+            os.environ[HOLDER_ENV] = str(os.getpid())
+            return _run(args, methods, seeds, base, root, run_root)
+    except RunLocked as exc:
+        print(f"09_driver: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        os.environ.pop(HOLDER_ENV, None)
+
+
+def _run(args, methods, seeds, base, root, run_root) -> int:
     log = RunManifest(run_root / "run_manifest.json", args.run_id, methods, seeds, sys.argv[1:])
     log.write()
     steps = plan(methods)

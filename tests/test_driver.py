@@ -25,8 +25,12 @@ def _argv(out, data, method, extra):
     return [sys.executable, "09_driver.py", "--method", method, "--run_id", RUN, *sets]
 
 
-def _driver(out, data, *extra, method="red"):
-    return subprocess.run(_argv(out, data, method, extra), cwd=ROOT, capture_output=True, text=True, timeout=1200)
+SECRETS = {"OPENAI_API_KEY": "sk-planted-judge-key-5b1f", "WANDB_API_KEY": "planted-wandb-key-c07e"}
+
+
+def _driver(out, data, *extra, method="red", env=None):
+    return subprocess.run(_argv(out, data, method, extra), cwd=ROOT, capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, **(env or {})})
 
 
 def _ran(stdout):
@@ -37,8 +41,14 @@ def test_driver_runs_the_chain_then_skips_then_reruns_downstream(tmp_path):
     data = tmp_path / "synth"
     write_dataset(DataConfig(n_train=40, n_val=6, n_test=6), data)
     out = tmp_path / "outputs"
-    first = _driver(out, data)
+    first = _driver(out, data, env=SECRETS)  # keys in the environment, as on a user's box
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) > 50
+    for p in files:  # no key reaches a manifest, a log, a metrics file or the report
+        blob = p.read_bytes()
+        assert not any(v.encode() in blob for v in SECRETS.values()), p
+    assert not any(v in first.stdout + first.stderr for v in SECRETS.values())
     for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces",
                   "04_sft_warmup", "05_train_red_grpo/red", "07_evaluate/base", "07_evaluate/sft_warmup", "07_evaluate/red"):
         m = json.loads((out / RUN / stage / "manifest.json").read_text())

@@ -100,3 +100,25 @@ def test_enabled_judge_that_is_unreachable_fails_clearly():
     spec = RewardSpec(judge=cfg)
     value, comps = score_answer(spec, "q", "a", ["a"], 1.0, 10)
     assert value == pytest.approx(-3 + 0.1) and comps["answer"] == 0.0
+
+
+def test_ten_thousand_hostile_outputs_never_raise_and_stay_in_range():
+    """Every scorer and the format score of both roles on 10,000 generated strings (utils/reward/fuzz.py;
+    their worst-case time is benchmarks/reward_fuzz.py's figure, not asserted here)."""
+    from collections import Counter
+
+    from utils.reward.fuzz import fuzz_strings
+
+    cases = fuzz_strings(10_000)
+    assert len(cases) == 10_000 and Counter(k for k, _ in cases)["huge"] == 20
+    w = RewardConfig()
+    for kind, text in cases:
+        for role in ("planner", "executor"):
+            value, _ = format_score(text, role)
+            assert 0.0 <= value <= 1.0, (kind, text[:80])
+        fmt = format_score(text, "planner")[0]
+        for scorer in ("em", "f1", "cem", "numeric"):
+            value, comps = composite(scorer, text, ["5", "the Tessel"], fmt, len(text), w)
+            assert 0.0 <= comps["answer"] <= 1.0, (scorer, kind, text[:80])
+            assert -3.0 - w.efficiency_weight * comps["efficiency_overrun"] <= value <= 3.1, (scorer, kind)
+        extract_tag(text, "answer")

@@ -12,7 +12,6 @@ credit, so a policy cannot farm format reward by spamming tags (a departure from
 """
 from __future__ import annotations
 
-import re
 
 THINK, TASK, ANSWER = "think", "task", "answer"
 PLANNER, EXECUTOR = "planner", "executor"
@@ -38,10 +37,23 @@ def executor_turn(think: str, answer: str) -> str:
     return wrap(THINK, think) + wrap(ANSWER, answer)
 
 
+def tag_pairs(text: str, tag: str) -> list[str]:
+    """Contents of the complete <tag>...</tag> pairs, left to right, each closed by the first close
+    after its open (what the non-greedy regex `<tag>(.*?)</tag>` finds), in one linear scan: the
+    regex is quadratic on an output of many unclosed opens."""
+    opening, closing, found, pos = f"<{tag}>", f"</{tag}>", [], 0
+    while (i := text.find(opening, pos)) >= 0:
+        j = text.find(closing, i + len(opening))
+        if j < 0:
+            break
+        found.append(text[i + len(opening):j])
+        pos = j + len(closing)
+    return found
+
+
 def extract_tag(text: str, tag: str) -> str | None:
     """Content of the last complete <tag>...</tag> in `text`, stripped; None if there is none."""
-    text = str(text)[:MAX_PARSED_CHARS]
-    found = re.findall(rf"<{tag}>(.*?)</{tag}>", text, flags=re.S)
+    found = tag_pairs(str(text)[:MAX_PARSED_CHARS], tag)
     return found[-1].strip() if found else None
 
 
@@ -59,7 +71,7 @@ def _tag_credit(text: str, tag: str) -> float:
     """1 for exactly one well-formed, non-empty, un-nested pair; 0.5 if present but repeated,
     nested or empty; 0 if absent or never closed."""
     opens, closes = text.count(f"<{tag}>"), text.count(f"</{tag}>")
-    pairs = re.findall(rf"<{tag}>(.*?)</{tag}>", text, flags=re.S)
+    pairs = tag_pairs(text, tag)
     if not pairs:
         return 0.0
     if opens == closes == 1 and pairs[0].strip() and f"<{tag}>" not in pairs[0]:

@@ -73,7 +73,7 @@ def load_checkpoint(path: Path, model, opt, sched) -> dict:
         set_peft_model_state_dict(model, load_file(weights / "adapter_model.safetensors"))
     else:
         model.load_state_dict(load_file(weights / "model.safetensors"), strict=False)
-    blob = torch.load(path / "trainer.pt", weights_only=False)
+    blob = torch.load(path / "trainer.pt", weights_only=True)  # tensors and plain containers only: no pickled code
     opt.load_state_dict(blob["optimizer"])
     if sched is not None:
         sched.load_state_dict(blob["scheduler"])

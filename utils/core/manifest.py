@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from utils.core.config import ROOT
+from utils.core.lock import RunLock
 
 MANIFEST_NAME = "manifest.json"
 VOLATILE_KEYS = ("started_at", "finished_at", "wall_seconds")
@@ -204,6 +205,8 @@ class StageRun:
         atomic_write_json(self.path, body)
 
     def __enter__(self) -> "StageRun":
+        self._lock = RunLock(self.out_dir.parent)  # one writer per run (utils/core/lock.py)
+        self._lock.acquire()
         self._t0 = time.time()
         self.data["started_at"] = utc_now()
         self._write()
@@ -217,5 +220,8 @@ class StageRun:
         else:
             self.data["status"] = "failed"
             self.data["error"] = f"{exc_type.__name__}: {exc}"
-        self._write()
+        try:
+            self._write()
+        finally:
+            self._lock.release()
         return False

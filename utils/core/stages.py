@@ -16,6 +16,7 @@ from typing import Callable
 
 from utils.core.config import ConfigError, to_dict
 from utils.core.io import DataError
+from utils.core.lock import RunLocked
 from utils.core.manifest import MANIFEST_NAME, StageRun
 from utils.core.schema import RunConfig, repo_path
 
@@ -100,7 +101,7 @@ def run_main(stage: str, fn: Callable[[], int | None]) -> int:
     """Run a stage's main; user errors become one line on stderr and exit code 1."""
     try:
         return fn() or 0
-    except (StageError, ConfigError, DataError, FileNotFoundError) as exc:
+    except (StageError, ConfigError, DataError, FileNotFoundError, RunLocked) as exc:
         print(f"{stage}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
