@@ -179,3 +179,10 @@ def test_a_bad_tier_run_section_names_the_file(tmp_path, section, message):
     data.write_text("name: synthetic_arith\nrun:\n" + section)
     with pytest.raises(ConfigError, match=message):
         load_run_config(data=str(data))
+
+
+@pytest.mark.parametrize("run_id", ["../elsewhere", "/tmp/x", "a/../../b", "a//b", ".hidden", "a b"])
+def test_a_run_id_cannot_leave_the_outputs_folder(run_id):
+    with pytest.raises(ConfigError, match="must name a folder inside outputs_dir"):
+        load_run_config(overrides=[f"run_id={run_id}"])
+    assert load_run_config(overrides=["run_id=study/seed_2"]).run_id == "study/seed_2"

@@ -141,3 +141,12 @@ def test_parent_digest_ignores_times(tmp_path):
 def test_missing_manifest_error_names_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "manifest.json")):
         read_manifest(tmp_path)
+
+
+def test_manifest_records_peak_memory_outside_the_digest(tmp_path):
+    with StageRun("s", tmp_path / "run" / "s", {"k": 1}, seed=0):
+        blob = bytearray(64 * 1024 * 1024)  # 64 MiB touched
+        blob[::4096] = b"x" * len(blob[::4096])
+    m = read_manifest(tmp_path / "run" / "s")
+    assert m["peak_rss_mb"]["self"] >= 64 and "children" in m["peak_rss_mb"]
+    assert "peak_rss_mb" in VOLATILE_KEYS

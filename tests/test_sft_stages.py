@@ -199,3 +199,45 @@ def test_killed_sft_run_resumes_without_lost_or_repeated_steps(prepared, tmp_pat
     resumed = _losses(out / "t" / "04_sft_warmup")
     assert [s for s, _ in resumed] == list(range(1, 31))  # every step once
     assert resumed == reference  # and the same losses as the uninterrupted run
+
+
+def test_sft_skips_non_finite_steps_and_stops_after_k_in_a_row(base_dir, tmp_path, monkeypatch):
+    """A NaN loss or an inf gradient skips the update (counted in the log); the checkpoints written
+    around it hold only finite tensors; warmup.max_skips_in_a_row skips in a row stop the run."""
+    from safetensors.torch import load_file
+
+    import utils.train.sft_trainer as st
+    from utils.agent.rollout import Codec
+    from utils.core.schema import LoraConfig, TemplatesConfig, WarmupConfig
+    from utils.core.stages import StageError
+    from helpers import gold_examples
+    from utils.train.policy import load_policy
+    from utils.data.synthetic import generate_rows
+
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    rows = [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])], "meta": {"steps": r["steps"]}}
+            for r in generate_rows(DataConfig(n_train=40, n_val=0, n_test=0))["train"]]
+    examples = gold_examples(rows, Codec(tok, TemplatesConfig()))
+    real, calls = st.sft_loss, {"n": 0}
+
+    def faulty(model, batch, pad_id):  # step 2: NaN loss; step 3: inf gradient
+        calls["n"] += 1
+        loss = real(model, batch, pad_id)
+        if calls["n"] == 3:
+            loss = loss + next(p for p in model.parameters() if p.requires_grad).sum() * float("inf")
+        return loss * float("nan") if calls["n"] == 2 else loss
+    monkeypatch.setattr(st, "sft_loss", faulty)
+
+    def loop(out, steps, k):
+        model = load_policy(base_dir, LoraConfig())
+        cfg = WarmupConfig(steps=steps, batch_size=8, warmup_steps=1, eval_every=0, save_every=1, max_skips_in_a_row=k)
+        return st.SftLoop(model, examples, cfg, seed=0, pad_id=tok.pad_token_id, out_dir=out, validate=None,
+                          config_sha="x")
+    loop(tmp_path / "a", 4, 3).run()
+    log = [json.loads(x) for x in (tmp_path / "a" / "logs" / "train.jsonl").read_text().splitlines()]
+    assert [r["skipped_nonfinite"] for r in log] == [0, 1, 1, 0]
+    weights = load_file(tmp_path / "a" / "ckpt_sft" / "last" / "weights" / "adapter_model.safetensors")
+    assert weights and all(torch.isfinite(t).all() for t in weights.values())
+    calls["n"] = 0
+    with pytest.raises(StageError, match=r"steps 2-3: 2 SFT steps in a row skipped .*max_skips_in_a_row"):
+        loop(tmp_path / "b", 8, 2).run()

@@ -130,6 +130,37 @@ def test_non_finite_loss_skips_the_step(hf_engine, protocol_adapter, tmp_path, b
             assert torch.equal(p, before[n]), n
 
 
+def test_non_finite_gradient_or_reward_skips_and_k_in_a_row_stop(hf_engine, protocol_adapter, tmp_path, base_dir,
+                                                                   monkeypatch):
+    import utils.train.grpo_trainer as gt
+    from utils.core.stages import StageError
+
+    trainer = _trainer(_cfg("algorithm.rl.steps=5", "algorithm.rl.max_skips_in_a_row=3"), hf_engine, protocol_adapter,
+                       tmp_path, base_dir)
+    real_score, real_loss, step = gt.score_episodes, gt.red_grpo_loss, {"n": 0}
+
+    def scores(episodes, spec):  # step 2: one NaN reward
+        step["n"] += 1
+        out = real_score(episodes, spec)
+        if step["n"] == 2:
+            out[0] = {**out[0], "reward": float("nan")}
+        return out
+
+    def loss(*a, **k):  # steps 3 and 4: an inf gradient through a trained weight
+        terms = real_loss(*a, **k)
+        if step["n"] >= 3:
+            w = next(p for p in trainer.model.parameters() if p.requires_grad)
+            terms.loss = terms.loss + (w * float("inf")).sum() * 0
+        return terms
+    monkeypatch.setattr(gt, "score_episodes", scores)
+    monkeypatch.setattr(gt, "red_grpo_loss", loss)
+    with pytest.raises(StageError, match=r"steps 2-4: 3 optimizer steps in a row skipped"):
+        trainer.train()
+    logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["train/skipped_nonfinite"] for m in logged] == [0, 1, 1, 1]
+    assert not trainer.checkpoints()  # save_freq 100: nothing written, and nothing non-finite ever is
+
+
 @pytest.mark.parametrize("method,has_sft,has_rl", [("red", True, True), ("fixed_sft", True, True),
                                                    ("grpo", False, True), ("sft", True, False)])
 def test_methods_are_configs_of_one_trainer(method, has_sft, has_rl, hf_engine, protocol_adapter, tmp_path, base_dir):

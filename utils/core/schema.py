@@ -9,6 +9,7 @@ tests/test_config.py checks that the two lists agree.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,6 +122,8 @@ class RlConfig:
     ppo_epochs: int = field(1, "Optimizer passes per rollout batch.")
     weight_decay: float = field(0.0, "AdamW weight decay of the RL optimizer.")
     max_grad_norm: float = field(1.0, "Gradient-norm clip of each RL optimizer step.")
+    max_skips_in_a_row: int = field(5, "Stop the run when this many optimizer steps in a row were skipped "
+                                       "for a non-finite loss, gradient or reward (0 = never stop).")
     save_freq: int = field(10, "Checkpoint every N steps.")
     keep_last: int = field(2, "Checkpoints kept.")
     dump_freq: int = field(10, "Dump episodes every N steps.")
@@ -186,6 +189,8 @@ class WarmupConfig:
     batch_size: int = field(32, "Examples per step (planner and executor examples mixed).")
     weight_decay: float = field(0.0, "AdamW weight decay.")
     max_grad_norm: float = field(1.0, "Gradient-norm clip of each SFT step.")
+    max_skips_in_a_row: int = field(5, "Stop when this many SFT steps in a row were skipped for a non-finite "
+                                       "loss or gradient (0 = never stop).")
     eval_every: int = field(100, "Validate (greedy rollouts on val) every N steps; 0 = only at the end.")
     eval_size: int = field(100, "Validation questions per evaluation (0 = all).")
     save_every: int = field(100, "Write the resumable checkpoint every N steps.")
@@ -259,7 +264,19 @@ def load_run_config(model: str = "tiny-arith", algorithm: str = "red", data: str
         other = implied_method(cfg.algorithm)
         hint = f"; these flags are method '{other}': use --algorithm {other}" if other else ""
         raise ConfigError(f"algorithm.method '{cfg.algorithm.method}' contradicts {'; '.join(problems)}{hint}")
+    check_run_id(cfg.run_id)
     return cfg
+
+
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*")
+
+
+def check_run_id(run_id: str) -> None:
+    """A run id names a folder inside outputs_dir: letters, digits, '.', '_', '-', and '/' between
+    parts (`study/seed_2`); no absolute path, no '..', no empty part, so no run writes outside it."""
+    if not _RUN_ID.fullmatch(run_id) or ".." in run_id.split("/"):
+        raise ConfigError(f"run_id {run_id!r}: must name a folder inside outputs_dir (letters, digits, '.', '_', "
+                          f"'-', parts joined by '/'; no leading '/', no '..')")
 
 
 def repo_path(p: str) -> Path:

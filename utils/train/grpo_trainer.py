@@ -4,8 +4,9 @@ Checkpoints (`ckpt/step_N/`, every `save_freq` steps, last `keep_last` kept) are
 temporary name and renamed, and hold everything a resume restores: the adapter, the optimizer,
 torch/python RNG states, the RED state, the question and SFT data cursors and the step (the RL
 learning rate is constant: there is no scheduler). Rollout randomness derives from (seed, step,
-index), so a resumed run on CPU reproduces an uninterrupted one. A non-finite loss or gradient
-skips the optimizer step (logged as `train/skipped_nonfinite`) and never reaches a checkpoint.
+index), so a resumed run on CPU reproduces an uninterrupted one. A non-finite reward, loss or
+gradient skips the optimizer step (logged as `train/skipped_nonfinite`) and never reaches a
+checkpoint; `rl.max_skips_in_a_row` skips in a row stop the run with an error naming the steps.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 from utils.agent.episode import dump_episodes
 from utils.agent.rollout import Rollout
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
+from utils.core.stages import StageError
 from utils.core.stream import Cursor, take
 from utils.reward.spec import score_episodes
 from utils.train.grpo import build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
@@ -172,6 +174,8 @@ class GrpoTrainer:
         rewards = [s["reward"] for s in scored]
         accuracy = sum(s["answer"] for s in scored) / len(scored)
         adv = group_advantages(rewards, rl.n_samples, rl.adv_scaling)
+        if not all(math.isfinite(r) for r in rewards):
+            adv = adv * float("nan")  # a broken reward poisons the loss: the step is skipped, never guessed
         timings["time/scoring"] = time.time() - t0
         t0 = time.time()
         batch = build_rl_batch(episodes, adv, self.pad_id, rl.train_roles)
@@ -189,7 +193,7 @@ class GrpoTrainer:
                              {**stats, **timings})
 
     def train(self, progress=None) -> list[dict]:
-        history = []
+        history, in_a_row = [], 0
         if self.state.step == 0:
             torch.manual_seed(self.cfg.seed)
         self.sync_policy()
@@ -198,6 +202,11 @@ class GrpoTrainer:
             metrics = self.step()
             self.logger.log(metrics)
             history.append(metrics)
+            in_a_row = in_a_row + 1 if metrics["train/skipped_nonfinite"] else 0
+            if in_a_row and in_a_row == self.alg.rl.max_skips_in_a_row:
+                raise StageError(f"steps {self.state.step - in_a_row + 1}-{self.state.step}: {in_a_row} optimizer "
+                                 f"steps in a row skipped for a non-finite reward, loss or gradient; stopping "
+                                 f"(algorithm.rl.max_skips_in_a_row). The last good checkpoint is kept.")
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3f}" for k in

@@ -5,6 +5,8 @@ adapter (or full weights), the optimizer, the LR scheduler, python/torch RNG sta
 the data cursor (utils/core/stream.py). The batches of an epoch derive from (seed, epoch), so a
 resumed run sees exactly the batches an uninterrupted one would: no step is lost or repeated,
 and on CPU its losses match. `logs/train.jsonl` is rewritten up to the resumed step first.
+A non-finite loss or gradient skips the optimizer update (the step and the schedule still advance,
+`skipped_nonfinite` is logged); `max_skips_in_a_row` skips in a row stop the run, naming the steps.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Callable
 
 from utils.agent.episode import Example
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
+from utils.core.stages import StageError
 from utils.core.schema import WarmupConfig
 from utils.core.stream import Cursor, take
 from utils.core.tracking import MetricsLogger
@@ -80,26 +83,42 @@ class SftLoop:
             self.state.best_metric, self.state.best_step = metric, self.state.step
             save_weights(self.model, self.ckpt / "best")
 
-    def run(self, progress=None) -> LoopState:
+    def _update(self) -> tuple[float, float, int]:
+        """One optimizer step on the next batch: (loss, grad norm, 1 if skipped as non-finite)."""
         torch = self.torch
+        loss = sft_loss(self.model, self._next_batch(), self.pad_id)
+        self.opt.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            return float(loss), float("nan"), 1
+        loss.backward()
+        grad = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad],
+                                              self.cfg.max_grad_norm)
+        if not torch.isfinite(grad):
+            self.opt.zero_grad(set_to_none=True)
+            return float(loss), float(grad), 1
+        self.opt.step()
+        return float(loss), float(grad), 0
+
+    def run(self, progress=None) -> LoopState:
+        torch, in_a_row = self.torch, 0
         if self.state.step == 0:
             torch.manual_seed(self.seed)
         self.model.train()
         while self.state.step < self.cfg.steps:
-            loss = sft_loss(self.model, self._next_batch(), self.pad_id)
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            grad = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad],
-                                                  self.cfg.max_grad_norm)
-            self.opt.step()
+            loss, grad, skipped = self._update()
             self.sched.step()
             self.state.step += 1
-            self.logger.log({"step": self.state.step, "loss": round(loss.item(), 6),
-                             "grad_norm": round(float(grad), 6), "lr": self.sched.get_last_lr()[0],
-                             "epoch": self.state.data.epoch})
+            self.logger.log({"step": self.state.step, "loss": round(loss, 6), "grad_norm": round(grad, 6),
+                             "lr": self.sched.get_last_lr()[0], "epoch": self.state.data.epoch,
+                             "skipped_nonfinite": skipped})
+            in_a_row = in_a_row + 1 if skipped else 0
+            if in_a_row and in_a_row == self.cfg.max_skips_in_a_row:
+                raise StageError(f"steps {self.state.step - in_a_row + 1}-{self.state.step}: {in_a_row} SFT steps "
+                                 f"in a row skipped for a non-finite loss or gradient; stopping "
+                                 f"(warmup.max_skips_in_a_row). The last good checkpoint is kept.")
             if progress is not None:
                 progress.update(1)
-                progress.set_postfix(loss=f"{loss.item():.4f}")
+                progress.set_postfix(loss=f"{loss:.4f}")
             s = self.state.step
             if (self.cfg.eval_every and s % self.cfg.eval_every == 0) or s == self.cfg.steps:
                 self.model.eval()
