@@ -54,6 +54,8 @@ def test_hotpotqa_bridge_hops_and_the_questions_without_them():
     steps, why = hotpot_bridge_steps(q, "the Tessel", "bridge", support, paragraphs)
     assert why is None and [r for _, r in steps] == ["Brenfold", "the Tessel"]
     assert steps[0][0].startswith('In "Marlow Glass Works"') and steps[1][0] == f"About Brenfold: {q}"
+    hub = {"title": ["Marlow Glass Works", "Brenfold"], "sent_id": [0, 0]}  # the hub's form of the same facts
+    assert hotpot_bridge_steps(q, "the Tessel", "bridge", hub, paragraphs) == (steps, None)
     assert "comparison question" in hotpot_bridge_steps(q, "no", "comparison", support, paragraphs)[1]
     assert "bridge entity not found" in hotpot_bridge_steps(q, "x", "bridge", [["Other", 0], ["Brenfold", 0]],
                                                             paragraphs)[1]

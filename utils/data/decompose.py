@@ -11,7 +11,8 @@ Each function returns `(steps, None)` or `([], reason)`; the adapters store the 
   tolerance 1e-4), or the row gets no trace.
 - GSM8K `<<expr=value>>` calculator annotations: one subtask per annotation; the answer after
   `####` must be among the results.
-- HotpotQA `supporting_facts` of a bridge question: two hops when exactly two paragraphs support
+- HotpotQA `supporting_facts` (the release's [[title, sentence], ...] or the hub's {title: [...],
+  sent_id: [...]}) of a bridge question: two hops when exactly two paragraphs support
   it and one of them names the other's title. Hop 1 asks, in the first paragraph, what the question
   leads to (result: the bridge title); hop 2 asks the question about that entity (result: the
   answer). Comparison questions have no trace: their per-hop values are not in the data.
@@ -154,6 +155,8 @@ def hotpot_bridge_steps(question: str, answer: str, qtype, supporting, paragraph
                         ) -> tuple[Steps, str | None]:
     if qtype != "bridge":
         return [], f"{qtype or 'untyped'} question: hops without intermediate values in the data"
+    if isinstance(supporting, dict):  # the hub's form: {title: [...], sent_id: [...]}
+        supporting = [[t] for t in supporting.get("title") or [] if isinstance(t, str)]
     if not isinstance(supporting, list):
         return [], "no supporting_facts"
     titles = list(dict.fromkeys(f[0] for f in supporting if isinstance(f, list) and f and isinstance(f[0], str)))
