@@ -70,6 +70,17 @@ def test_driver_runs_the_chain_then_skips_then_reruns_downstream(tmp_path):
     third = _driver(out, data, "algorithm.rl.lr=0.001")  # read only by 05: 05, its evaluation and 08 re-run
     assert _ran(third.stdout) == ["05_train_red_grpo/red", "07_evaluate/red", "08_compare_runs"], third.stdout
 
+    # tampering: an output edited after the fact, and a manifest edited by hand; each stage re-runs with
+    # the reason printed, gives the same outputs, so nothing downstream re-runs
+    traces = out / RUN / "03_generate_sft_traces" / "sft_traces.jsonl"
+    traces.write_text(traces.read_text() + "\n")
+    m02 = out / RUN / "02_build_rewards" / "manifest.json"
+    m02.write_text(json.dumps({**json.loads(m02.read_text()), "warnings": ["looks fine to me"]}))
+    fourth = _driver(out, data, "algorithm.rl.lr=0.001")
+    assert _ran(fourth.stdout) == ["02_build_rewards", "03_generate_sft_traces"], fourth.stdout
+    assert "02_build_rewards: running (manifest edited by hand (its seal does not match))" in fourth.stdout
+    assert f"03_generate_sft_traces: running (output changed: {traces.resolve().as_posix()})" in fourth.stdout
+
     # an interrupted driver resumes: SIGKILL it once 06 has saved its first checkpoint, then re-run
     grpo = ["algorithm.rl.steps=4", "algorithm.rl.save_freq=1"]
     proc = subprocess.Popen(_argv(out, data, "grpo", grpo), cwd=ROOT, stdout=subprocess.DEVNULL,

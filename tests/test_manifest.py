@@ -148,5 +148,22 @@ def test_manifest_records_peak_memory_outside_the_digest(tmp_path):
         blob = bytearray(64 * 1024 * 1024)  # 64 MiB touched
         blob[::4096] = b"x" * len(blob[::4096])
     m = read_manifest(tmp_path / "run" / "s")
-    assert m["peak_rss_mb"]["self"] >= 64 and "children" in m["peak_rss_mb"]
-    assert "peak_rss_mb" in VOLATILE_KEYS
+    assert m["peak_rss_mb"] >= 64 and m["peak_rss_children_mb"] >= 0
+    assert {"peak_rss_mb", "peak_rss_children_mb"} <= set(VOLATILE_KEYS)
+
+
+def test_a_hand_edited_manifest_is_not_trusted(tmp_path):
+    """The seal is the manifest's own digest: a failed stage turned into "completed" by hand is
+    detected, and a child stage refuses it as a parent."""
+    inp = tmp_path / "in.txt"
+    inp.write_text("a\nb\n")
+    _run_stage(tmp_path / "s", inp, {"k": 1})
+    m = read_manifest(tmp_path / "s")
+    assert mf.seal_state(m) == "sealed" and m["seal_sha256"] == manifest_digest(m)
+    atomic_write_json(tmp_path / "s" / "manifest.json", {**m, "metrics": {"n_rows": 3}})
+    assert mf.seal_state(read_manifest(tmp_path / "s")) == "edited"
+    with pytest.raises(RuntimeError, match="edited by hand"):
+        with StageRun("02_child", tmp_path / "c", {}, seed=3) as run:
+            run.add_parent(tmp_path / "s")
+    unsealed = {k: v for k, v in m.items() if k != "seal_sha256"}
+    assert mf.seal_state(unsealed) == "unsealed" and manifest_digest(unsealed) == manifest_digest(m)

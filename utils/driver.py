@@ -17,7 +17,7 @@ from pathlib import Path
 
 from utils.core.cli import parse_stage_args
 from utils.core.config import ROOT
-from utils.core.manifest import (MANIFEST_NAME, atomic_write_json, config_sha256, manifest_digest, path_sha256,
+from utils.core.manifest import (MANIFEST_NAME, atomic_write_json, config_sha256, manifest_digest, path_sha256, seal_state,
                                  read_manifest, rel, utc_now)
 from utils.core.methods import BASE, METHODS, SFT_WARMUP
 from utils.core.schema import repo_path
@@ -92,11 +92,18 @@ def _verdict(path: Path, sha: str, cfg) -> tuple[bool, str]:
     m = read_manifest(path)
     if m.get("status") != "completed":
         return False, f"last run {m.get('status')}"
+    seal = seal_state(m)
+    if seal != "sealed":
+        return False, ("manifest edited by hand (its seal does not match)" if seal == "edited"
+                       else "manifest written by an older version (no seal)")
     if m.get("config_sha256") != sha:
         return False, "config changed"
     for p, digest in m.get("inputs", {}).items():
         if not repo_path(p).exists() or path_sha256(repo_path(p)) != digest:
             return False, f"input changed: {p}"
+    for p, digest in m.get("outputs", {}).items():
+        if not repo_path(p).exists() or path_sha256(repo_path(p)) != digest:
+            return False, f"output changed: {p}"
     for parent, digest in m.get("parents", {}).items():
         ppath = stage_dir(cfg, parent) / MANIFEST_NAME
         if not ppath.is_file() or manifest_digest(read_manifest(ppath)) != digest:

