@@ -37,18 +37,35 @@ def _ran(stdout):
     return [line.split(": running")[0].split("] ")[1] for line in stdout.splitlines() if ": running" in line]
 
 
+def _assert_no_secrets(out, proc):
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) > 50
+    for p in files:  # no key reaches a manifest, a log, a metrics file or the report
+        blob = p.read_bytes()
+        assert not any(v.encode() in blob for v in SECRETS.values()), p
+    assert not any(v in proc.stdout + proc.stderr for v in SECRETS.values())
+
+
+def _tamper_then_rerun(out, data):
+    """An output edited after the fact, and a manifest edited by hand: each stage re-runs with the
+    reason printed and gives the same outputs, so nothing downstream re-runs."""
+    traces = out / RUN / "03_generate_sft_traces" / "sft_traces.jsonl"
+    traces.write_text(traces.read_text() + "\n")
+    m02 = out / RUN / "02_build_rewards" / "manifest.json"
+    m02.write_text(json.dumps({**json.loads(m02.read_text()), "warnings": ["looks fine to me"]}))
+    fourth = _driver(out, data, "algorithm.rl.lr=0.001")
+    assert _ran(fourth.stdout) == ["02_build_rewards", "03_generate_sft_traces"], fourth.stdout
+    assert "02_build_rewards: running (manifest edited by hand (its seal does not match))" in fourth.stdout
+    assert f"03_generate_sft_traces: running (output changed: {traces.resolve().as_posix()})" in fourth.stdout
+
+
 def test_driver_runs_the_chain_then_skips_then_reruns_downstream(tmp_path):
     data = tmp_path / "synth"
     write_dataset(DataConfig(n_train=40, n_val=6, n_test=6), data)
     out = tmp_path / "outputs"
     first = _driver(out, data, env=SECRETS)  # keys in the environment, as on a user's box
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    files = [p for p in out.rglob("*") if p.is_file()]
-    assert len(files) > 50
-    for p in files:  # no key reaches a manifest, a log, a metrics file or the report
-        blob = p.read_bytes()
-        assert not any(v.encode() in blob for v in SECRETS.values()), p
-    assert not any(v in first.stdout + first.stderr for v in SECRETS.values())
+    _assert_no_secrets(out, first)
     for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces",
                   "04_sft_warmup", "05_train_red_grpo/red", "07_evaluate/base", "07_evaluate/sft_warmup", "07_evaluate/red"):
         m = json.loads((out / RUN / stage / "manifest.json").read_text())
@@ -70,16 +87,7 @@ def test_driver_runs_the_chain_then_skips_then_reruns_downstream(tmp_path):
     third = _driver(out, data, "algorithm.rl.lr=0.001")  # read only by 05: 05, its evaluation and 08 re-run
     assert _ran(third.stdout) == ["05_train_red_grpo/red", "07_evaluate/red", "08_compare_runs"], third.stdout
 
-    # tampering: an output edited after the fact, and a manifest edited by hand; each stage re-runs with
-    # the reason printed, gives the same outputs, so nothing downstream re-runs
-    traces = out / RUN / "03_generate_sft_traces" / "sft_traces.jsonl"
-    traces.write_text(traces.read_text() + "\n")
-    m02 = out / RUN / "02_build_rewards" / "manifest.json"
-    m02.write_text(json.dumps({**json.loads(m02.read_text()), "warnings": ["looks fine to me"]}))
-    fourth = _driver(out, data, "algorithm.rl.lr=0.001")
-    assert _ran(fourth.stdout) == ["02_build_rewards", "03_generate_sft_traces"], fourth.stdout
-    assert "02_build_rewards: running (manifest edited by hand (its seal does not match))" in fourth.stdout
-    assert f"03_generate_sft_traces: running (output changed: {traces.resolve().as_posix()})" in fourth.stdout
+    _tamper_then_rerun(out, data)
 
     # an interrupted driver resumes: SIGKILL it once 06 has saved its first checkpoint, then re-run
     grpo = ["algorithm.rl.steps=4", "algorithm.rl.save_freq=1"]
