@@ -89,15 +89,15 @@ class SftLoop:
         loss = sft_loss(self.model, self._next_batch(), self.pad_id)
         self.opt.zero_grad(set_to_none=True)
         if not torch.isfinite(loss):
-            return float(loss), float("nan"), 1
+            return loss.item(), float("nan"), 1
         loss.backward()
         grad = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad],
                                               self.cfg.max_grad_norm)
         if not torch.isfinite(grad):
             self.opt.zero_grad(set_to_none=True)
-            return float(loss), float(grad), 1
+            return loss.item(), float(grad), 1
         self.opt.step()
-        return float(loss), float(grad), 0
+        return loss.item(), float(grad), 0
 
     def run(self, progress=None) -> LoopState:
         torch, in_a_row = self.torch, 0
