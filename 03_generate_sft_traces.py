@@ -89,7 +89,7 @@ def main(argv=None) -> int:
         if source == "teacher":
             pairs, sampled = _teacher(cfg, rows, read_spec(rewards_dir / "reward_spec.yaml"), codec, wanted)
         else:  # gold | solution: the config accepts no other source
-            pairs, skipped, usable, sampled = [], [], _LengthFilter(cfg), 0
+            pairs, usable, sampled = [], _LengthFilter(cfg), 0
             for row in rows:
                 trace, why = trace_from_row(row, source)
                 if trace is None:

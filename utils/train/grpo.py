@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from utils.agent.episode import Episode, episode_sequences
+from utils.core.schema import TRAIN_ROLES
 from utils.core.tensors import pad
 from utils.train.losses import aggregate, advantages, k3_kl, ppo_clip_loss, red_weights
 from utils.train.policy import forward_logprobs, sft_terms
@@ -46,8 +47,8 @@ def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int, role
     """Every trained sequence of the episodes (utils/agent/episode.py) whose role `roles` selects
     ("both", "planner", "executor"), each with its episode's advantage; None if no sequence has a
     trained token."""
-    if roles not in ("both", "planner", "executor"):
-        raise ValueError(f"roles must be both, planner or executor, got {roles!r}")
+    if roles not in TRAIN_ROLES:
+        raise ValueError(f"roles must be {', '.join(TRAIN_ROLES[:-1])} or {TRAIN_ROLES[-1]}, got {roles!r}")
     seqs = [(ex, a) for ep, a in zip(episodes, adv.tolist()) for ex in episode_sequences(ep)
             if sum(ex.mask) and roles in ("both", ex.role)]
     if not seqs:

@@ -21,9 +21,9 @@ import torch
 from utils.agent.episode import dump_episodes
 from utils.agent.rollout import Rollout
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
-from utils.core.stages import StageError
 from utils.core.stream import Cursor, take
 from utils.reward.spec import score_episodes
+from utils.train.guard import SkipStreak, guarded_step
 from utils.train.grpo import build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
 from utils.train.losses import RedState, red_update
 from utils.train.policy import forward_logprobs, reference_logprobs, sft_batch, sft_terms
@@ -91,19 +91,8 @@ class GrpoTrainer:
         return time.time() - t0
 
     # ------------------------------------------------------------ one step
-    def _optimize(self, loss: torch.Tensor) -> tuple[int, float | None]:
-        """One clipped optimizer step; (1, None) and no update if the loss or gradient is non-finite."""
-        self.opt.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss):
-            return 1, None
-        loss.backward()
-        grad = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad],
-                                              self.alg.rl.max_grad_norm)
-        if not torch.isfinite(grad):
-            self.opt.zero_grad(set_to_none=True)
-            return 1, None
-        self.opt.step()
-        return 0, float(grad)
+    def _optimize(self, loss: torch.Tensor) -> tuple[int, float]:
+        return guarded_step(self.opt, self.model, loss, self.alg.rl.max_grad_norm)
 
     def sft_only_step(self) -> dict:
         """Method `sft`: the same optimizer on α·L_SFT alone, no rollouts (the no-RL ablation)."""
@@ -193,7 +182,9 @@ class GrpoTrainer:
                              {**stats, **timings})
 
     def train(self, progress=None) -> list[dict]:
-        history, in_a_row = [], 0
+        history = []
+        streak = SkipStreak(self.alg.rl.max_skips_in_a_row, "optimizer steps", "reward, loss or gradient",
+                            "algorithm.rl.max_skips_in_a_row")
         if self.state.step == 0:
             torch.manual_seed(self.cfg.seed)
         self.sync_policy()
@@ -202,11 +193,7 @@ class GrpoTrainer:
             metrics = self.step()
             self.logger.log(metrics)
             history.append(metrics)
-            in_a_row = in_a_row + 1 if metrics["train/skipped_nonfinite"] else 0
-            if in_a_row and in_a_row == self.alg.rl.max_skips_in_a_row:
-                raise StageError(f"steps {self.state.step - in_a_row + 1}-{self.state.step}: {in_a_row} optimizer "
-                                 f"steps in a row skipped for a non-finite reward, loss or gradient; stopping "
-                                 f"(algorithm.rl.max_skips_in_a_row). The last good checkpoint is kept.")
+            streak.update(metrics["train/skipped_nonfinite"], self.state.step)
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3f}" for k in

@@ -16,10 +16,10 @@ from typing import Callable
 
 from utils.agent.episode import Example
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
-from utils.core.stages import StageError
 from utils.core.schema import WarmupConfig
 from utils.core.stream import Cursor, take
 from utils.core.tracking import MetricsLogger
+from utils.train.guard import SkipStreak, guarded_step
 from utils.train.policy import sft_loss
 from utils.train.schedule import warmup_cosine
 
@@ -85,24 +85,14 @@ class SftLoop:
 
     def _update(self) -> tuple[float, float, int]:
         """One optimizer step on the next batch: (loss, grad norm, 1 if skipped as non-finite)."""
-        torch = self.torch
         loss = sft_loss(self.model, self._next_batch(), self.pad_id)
-        self.opt.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss):
-            return loss.item(), float("nan"), 1
-        loss.backward()
-        grad = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad],
-                                              self.cfg.max_grad_norm)
-        if not torch.isfinite(grad):
-            self.opt.zero_grad(set_to_none=True)
-            return loss.item(), float(grad), 1
-        self.opt.step()
-        return loss.item(), float(grad), 0
+        skipped, grad = guarded_step(self.opt, self.model, loss, self.cfg.max_grad_norm)
+        return loss.item(), grad, skipped
 
     def run(self, progress=None) -> LoopState:
-        torch, in_a_row = self.torch, 0
+        streak = SkipStreak(self.cfg.max_skips_in_a_row, "SFT steps", "loss or gradient", "warmup.max_skips_in_a_row")
         if self.state.step == 0:
-            torch.manual_seed(self.seed)
+            self.torch.manual_seed(self.seed)
         self.model.train()
         while self.state.step < self.cfg.steps:
             loss, grad, skipped = self._update()
@@ -111,11 +101,7 @@ class SftLoop:
             self.logger.log({"step": self.state.step, "loss": round(loss, 6), "grad_norm": round(grad, 6),
                              "lr": self.sched.get_last_lr()[0], "epoch": self.state.data.epoch,
                              "skipped_nonfinite": skipped})
-            in_a_row = in_a_row + 1 if skipped else 0
-            if in_a_row and in_a_row == self.cfg.max_skips_in_a_row:
-                raise StageError(f"steps {self.state.step - in_a_row + 1}-{self.state.step}: {in_a_row} SFT steps "
-                                 f"in a row skipped for a non-finite loss or gradient; stopping "
-                                 f"(warmup.max_skips_in_a_row). The last good checkpoint is kept.")
+            streak.update(skipped, self.state.step)
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix(loss=f"{loss:.4f}")

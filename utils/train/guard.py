@@ -1,0 +1,36 @@
+"""The optimizer step both training loops share, guarded against non-finite values, and the rule
+that stops a run after too many skipped steps in a row (docs/ARCHITECTURE.md, "Training")."""
+from __future__ import annotations
+
+import torch
+
+from utils.core.stages import StageError
+
+
+def guarded_step(opt, model, loss: torch.Tensor, max_grad_norm: float) -> tuple[int, float]:
+    """Backward, clip and step: (0, grad norm). A non-finite loss or gradient leaves the weights and
+    the optimizer untouched: (1, nan) or (1, the non-finite norm)."""
+    opt.zero_grad(set_to_none=True)
+    if not torch.isfinite(loss):
+        return 1, float("nan")
+    loss.backward()
+    grad = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], max_grad_norm)
+    if not torch.isfinite(grad):
+        opt.zero_grad(set_to_none=True)
+        return 1, float(grad)
+    opt.step()
+    return 0, float(grad)
+
+
+class SkipStreak:
+    """Counts skipped steps in a row; `limit` of them (0 = never) stop the run naming the steps,
+    e.g. "steps 2-4: 3 optimizer steps in a row skipped for a non-finite reward, loss or gradient"."""
+
+    def __init__(self, limit: int, what: str, causes: str, knob: str):
+        self.limit, self.what, self.causes, self.knob, self.run = limit, what, causes, knob, 0
+
+    def update(self, skipped: int, step: int) -> None:
+        self.run = self.run + 1 if skipped else 0
+        if self.run and self.run == self.limit:
+            raise StageError(f"steps {step - self.run + 1}-{step}: {self.run} {self.what} in a row skipped for a "
+                             f"non-finite {self.causes}; stopping ({self.knob}). The last good checkpoint is kept.")
