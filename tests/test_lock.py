@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -72,3 +73,20 @@ def test_a_second_driver_is_refused_at_once(tmp_path, other):
     assert f"09_driver: error: {tmp_path / 'outputs' / 'r'} is in use by pid {other.pid}" in proc.stderr
     assert "09_driver.py --method grpo" in proc.stderr
     assert not (tmp_path / "outputs" / "r" / "run_manifest.json").exists()
+
+
+def test_a_zombie_holder_is_stale_and_method_stages_lock_the_run(tmp_path, other):
+    """A SIGKILLed stage not yet reaped is a zombie: its lock is stale. A method's stage folder
+    (<run>/06_ablate_grpo_only/grpo) locks <run> itself."""
+    from utils.core.manifest import StageRun
+
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    time.sleep(1.0)  # exited, never waited for: a zombie
+    _hold(tmp_path / "run", zombie.pid)
+    with RunLock(tmp_path / "run"):
+        pass
+    zombie.wait()
+    _hold(tmp_path / "run", other.pid)
+    with pytest.raises(RunLocked, match=f"run is in use by pid {other.pid}"):
+        with StageRun("06_ablate_grpo_only", tmp_path / "run" / "06_ablate_grpo_only" / "grpo", {}):
+            pass

@@ -26,13 +26,19 @@ class RunLocked(RuntimeError):
 
 
 def _alive(pid: int) -> bool:
+    """Whether `pid` runs. A zombie (killed, not yet reaped: a SIGKILLed driver's stage whose new
+    parent has not waited for it) is dead."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's process: alive
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (macOS): trust kill(0)
+    return state not in ("Z", "X")
 
 
 def _holder(path: Path, retry: bool = True) -> dict | None:

@@ -227,13 +227,19 @@ class StageRun:
         self.data["parents"][parent["stage"]] = manifest_digest(parent)
         return parent
 
+    def _run_dir(self) -> Path:
+        """The run folder: the parent of the folder named after the stage (`<run>/07_evaluate/red` ->
+        `<run>`), else the parent of out_dir."""
+        named = [d for d in (self.out_dir, *self.out_dir.parents) if d.name == self.stage]
+        return (named[0] if named else self.out_dir).parent
+
     def _write(self) -> None:
         body = dict(self.data, metrics=self.metrics, warnings=self.warnings)
         body[SEAL_KEY] = manifest_digest(body)
         atomic_write_json(self.path, body)
 
     def __enter__(self) -> "StageRun":
-        self._lock = RunLock(self.out_dir.parent)  # one writer per run (utils/core/lock.py)
+        self._lock = RunLock(self._run_dir())  # one writer per run (utils/core/lock.py)
         self._lock.acquire()
         self._t0 = time.time()
         self.data["started_at"] = utc_now()
