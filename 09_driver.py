@@ -13,7 +13,8 @@ interrupted one resumes (the interrupted stage itself resumes from its last chec
 several seeds, seed s writes to outputs/<run_id>/seed_<s>/. --set overrides reach every stage.
 outputs/<run_id>/run_manifest.json lists every stage's manifest and what the driver did with it.
 One driver at a time per run: a second one on the same --run_id is refused, naming the first
-(utils/core/lock.py).
+(utils/core/lock.py). Ctrl-C or SIGTERM stops the running stage with SIGTERM, waits for it to unwind
+(its manifest says "failed", its vLLM engine shuts down), then exits; the same command resumes.
 """
 import argparse
 import os
@@ -23,6 +24,7 @@ import time
 from utils.core.lock import HOLDER_ENV, RunLock, RunLocked
 from utils.core.manifest import rel
 from utils.core.methods import METHODS
+from utils.core.signals import TERMINATED_EXIT, Terminated, sigterm_as_interrupt
 from utils.driver import REPORT, RunManifest, batches, plan, run_batch, stage_path
 
 
@@ -48,12 +50,16 @@ def main(argv=None) -> int:
     root = base + ["--run_id", args.run_id]
     run_root = stage_path(root, REPORT).parent
     try:
-        with RunLock(run_root):  # one writer per run; our stages get through (utils/core/lock.py)
+        with sigterm_as_interrupt(), RunLock(run_root):  # one writer per run; our stages get through
             os.environ[HOLDER_ENV] = str(os.getpid())
             return _run(args, methods, seeds, base, root, run_root)
     except RunLocked as exc:
         print(f"09_driver: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the running stage was stopped with SIGTERM first
+        print(f"09_driver: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}; the running stage "
+              "stopped with it; run the same command again to resume", file=sys.stderr)
+        return TERMINATED_EXIT if isinstance(exc, Terminated) else 130
     finally:
         os.environ.pop(HOLDER_ENV, None)
 
@@ -72,7 +78,11 @@ def _run(args, methods, seeds, base, root, run_root) -> int:
             return f"[{k * len(steps) + steps.index(step) + 1}/{total}] {name or step.dir_name}{seed_tag}"
 
         for batch in batches(steps):
-            code = run_batch(batch, common, args.force, label, log, seed)
+            try:
+                code = run_batch(batch, common, args.force, label, log, seed)
+            except KeyboardInterrupt as exc:
+                log.finish(f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'} at {batch[0].dir_name}")
+                raise
             if code:
                 log.finish(f"failed at {batch[0].dir_name}")
                 return code

@@ -9,7 +9,6 @@ hash is computed from the stage table (utils/core/stages.py), never by importing
 """
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from utils.core.manifest import (MANIFEST_NAME, atomic_write_json, config_sha256
                                  read_manifest, rel, utc_now)
 from utils.core.methods import BASE, METHODS, SFT_WARMUP
 from utils.core.schema import repo_path
+from utils.core.signals import run_child
 from utils.core.stages import stage_config, stage_dir
 from utils.eval.compare import DEFAULT_RESAMPLES, compare_settings
 
@@ -174,7 +174,7 @@ def run_batch(batch: list[Step], common, force, label, log: RunManifest, seed) -
     print(f"{label(first, name)}: running ({'; '.join(reasons)})", flush=True)
     t0 = time.time()
     args = first.args if len(todo) == 1 else ["--checkpoint", ",".join(s.checkpoint for s, _, _ in todo)]
-    code = subprocess.call([sys.executable, f"{first.script}.py", *common, *args], cwd=ROOT)
+    code = run_child([sys.executable, f"{first.script}.py", *common, *args], ROOT)  # stopped with SIGTERM first
     seconds = time.time() - t0
     for step, directory, reason in todo:
         m = directory / MANIFEST_NAME

@@ -5,7 +5,7 @@ A stage's manifest hashes only the config keys the stage reads (`CONFIG_KEYS`, t
 `config_slice`), so changing one value re-runs exactly the stages downstream of it (the `dvc repro`
 behaviour, docs/ARCHITECTURE.md "Stages"). The table lives here, below the scripts, so the driver
 can compute a stage's hash without importing the script. `run_main` turns user-facing errors into
-one clear line on stderr and exit code 1.
+one clear line on stderr and exit code 1, and SIGTERM into an orderly stop (utils/core/signals.py).
 """
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ from utils.core.io import DataError
 from utils.core.lock import RunLocked
 from utils.core.manifest import MANIFEST_NAME, StageRun
 from utils.core.schema import RunConfig, repo_path
+from utils.core.signals import TERMINATED_EXIT, Terminated, die_with_parent, is_spawned_child, sigterm_as_interrupt
+
+if is_spawned_child():  # this module runs in vLLM's engine core too (spawn re-imports the stage script):
+    die_with_parent()   # let it end with its stage, even a SIGKILLed one (utils/core/signals.py)
 
 # stage -> the config keys it reads (08's settings are the evaluations it finds: utils/eval/compare.py)
 CONFIG_KEYS: dict[str, tuple[str, ...]] = {
@@ -98,15 +102,18 @@ def stage_config(cfg: RunConfig, stage: str) -> dict:
 
 
 def run_main(stage: str, fn: Callable[[], int | None]) -> int:
-    """Run a stage's main; user errors become one line on stderr and exit code 1."""
+    """Run a stage's main; user errors become one line on stderr and exit code 1. Ctrl-C and
+    SIGTERM unwind it (manifest "failed", lock released, engine shut down): exit 130 or 143."""
     try:
-        return fn() or 0
+        with sigterm_as_interrupt():
+            return fn() or 0
     except (StageError, ConfigError, DataError, FileNotFoundError, RunLocked) as exc:
         print(f"{stage}: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"{stage}: interrupted; its manifest says 'failed'", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        how = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        print(f"{stage}: {how}; its manifest says 'failed'; run it again to resume", file=sys.stderr)
+        return TERMINATED_EXIT if isinstance(exc, Terminated) else 130
     except Exception:  # noqa: BLE001 - unexpected: keep the traceback
         traceback.print_exc()
         return 1

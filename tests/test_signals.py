@@ -1,0 +1,124 @@
+"""Stopping a stage that holds a real vLLM engine (utils/core/signals.py): SIGTERM to the driver
+stops its running stage in order, and a SIGKILLed stage takes its engine core with it. Each
+test waits for 04's first validation, so the engine is up, then signals, then checks every
+process that descended from the stage is gone, the manifest says "failed" and the lock is free."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from utils.core.config import ROOT
+from utils.core.schema import DataConfig
+from utils.data.synthetic import write_dataset
+
+# 04 validates on vLLM after every step, for long enough that it is still training when signalled
+SETS = ["data.n_train=40", "data.n_val=6", "data.n_test=6", "warmup.steps=400", "warmup.eval_every=1",
+        "warmup.eval_size=2", "warmup.batch_size=4", "model.engine.name=vllm", "wandb_mode=disabled"]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _descendants(pid: int) -> set[int]:
+    todo, seen = [pid], set()
+    while todo:
+        for child in _children(todo.pop()):
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+    return seen
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _start(cmd: list[str], run: Path) -> tuple[subprocess.Popen, int, set[int]]:
+    """Start `cmd`; wait until 04 (its own process or the driver's child) has validated once on
+    vLLM; return the process, 04's pid and every process below 04 at that moment."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = run / "04_sft_warmup" / "valid_samples" / "step_1.json"
+    _wait_for(lambda: first.is_file() or proc.poll() is not None, 600, "04's first validation")
+    assert proc.poll() is None, f"{cmd[1]} ended (exit {proc.returncode}) before it could be signalled"
+    stage = proc.pid if cmd[1] == "04_sft_warmup.py" else next(
+        p for p in _children(proc.pid) if "04_sft_warmup" in Path(f"/proc/{p}/cmdline").read_text())
+    below = _descendants(stage)
+    assert any(_comm(p).startswith("VLLM::EngineCor") for p in below), [_comm(p) for p in below]
+    return proc, stage, below
+
+
+def _assert_stopped(run: Path, pids: set[int]) -> None:
+    _wait_for(lambda: not [p for p in pids if _running(p)], 60, "the stage's engine processes to end")
+    manifest = json.loads((run / "04_sft_warmup" / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+    assert not (run / ".lock").exists()
+
+
+def _data(tmp_path) -> Path:
+    write_dataset(DataConfig(n_train=40, n_val=6, n_test=6), tmp_path / "synth")
+    return tmp_path / "synth"
+
+
+def test_sigterm_to_the_driver_stops_its_stage_and_the_engine_in_order(tmp_path):
+    out, data = tmp_path / "outputs", _data(tmp_path)
+    sets = [x for s in [*SETS, f"outputs_dir={out}", f"data.path={data}"] for x in ("--set", s)]
+    cmd = [sys.executable, "09_driver.py", "--method", "sft", "--run_id", "r", *sets]
+    driver, stage, below = _start(cmd, out / "r")
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=120) == 128 + signal.SIGTERM
+    assert not _running(stage)
+    _assert_stopped(out / "r", below)
+    run_manifest = json.loads((out / "r" / "run_manifest.json").read_text())
+    assert run_manifest["status"] == "terminated at 04_sft_warmup"
+    log = (out / "r" / "04_sft_warmup" / "manifest.json").read_text()
+    assert "Terminated" in log  # the stage unwound (its manifest names the signal), it was not SIGKILLed
+
+
+def test_a_sigkilled_stage_leaves_no_engine_behind(tmp_path):
+    out, data = tmp_path / "outputs", _data(tmp_path)
+    for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces"):
+        subprocess.run([sys.executable, f"{stage}.py", "--run_id", "k", "--set", f"outputs_dir={out}",
+                        "--set", f"data.path={data}", *[x for s in SETS for x in ("--set", s)]],
+                       cwd=ROOT, check=True, capture_output=True)
+    cmd = [sys.executable, "04_sft_warmup.py", "--run_id", "k", "--set", f"outputs_dir={out}", "--set",
+           f"data.path={data}", *[x for s in SETS for x in ("--set", s)]]
+    proc, _, below = _start(cmd, out / "k")
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    _wait_for(lambda: not [p for p in below if _running(p)], 60, "the engine core to follow its killed stage")
+    # the SIGKILLed stage could not write its manifest: it still says "running", and the next run
+    # takes its lock over as stale (tests/test_lock.py)
+    assert json.loads((out / "k" / "04_sft_warmup" / "manifest.json").read_text())["status"] == "running"

@@ -1,0 +1,102 @@
+"""Stopping cleanly when told to, and taking no engine down with the stage that dies.
+
+- `sigterm_as_interrupt`: in the block, SIGTERM (`kill PID`, a scheduler's pre-emption) raises
+  `Terminated`, a KeyboardInterrupt, in the main thread, as SIGINT raises KeyboardInterrupt. A stage then unwinds as it does on Ctrl-C:
+  its manifest says "failed", its run lock is released, and vLLM's engine core is shut down by
+  vLLM's own finaliser when the interpreter exits. Without it Python dies on the spot and the
+  engine core (a separate process, several GB) keeps running.
+- `die_with_parent`: a process that multiprocessing *spawns* from a stage (vLLM's engine core on
+  CPU is spawned, not forked) asks the kernel for SIGTERM when its parent dies (Linux
+  PR_SET_PDEATHSIG), so a stage killed with SIGKILL, or by the OOM killer, leaves no engine behind.
+  vLLM's engine core shuts down on SIGTERM, and its workers follow it through their death pipes.
+- `stop_child`: a child process asked to stop (SIGTERM), given time to unwind, then killed.
+
+tests/test_signals.py runs each against a real stage with a real vLLM engine.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+TERMINATED_EXIT = 128 + signal.SIGTERM  # the shell's code for "ended by SIGTERM"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, so that every `finally` and `with` runs."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """In the block, the first SIGINT raises KeyboardInterrupt and the first SIGTERM `Terminated`;
+    any later one is ignored with a note, so that a second signal (a driver passing SIGTERM on to a
+    stage that Ctrl-C already reached) cannot cut the unwinding short. SIGKILL still forces, and
+    `die_with_parent` then stops the engine. Main thread only; elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stopping = []
+
+    def _raise(signum, frame):  # noqa: ARG001 - the signal module's signature
+        name = signal.Signals(signum).name
+        if stopping:
+            print(f"{name} ignored: already stopping after {stopping[0]} (SIGKILL forces)", file=sys.stderr)
+            return
+        stopping.append(name)
+        raise Terminated(f"received {name}") if signum == signal.SIGTERM else KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def is_spawned_child() -> bool:
+    """Whether this interpreter was started by multiprocessing's spawn (it re-imports the parent's
+    main module, which is how a stage's modules come to run in vLLM's engine core). `sys.argv` is
+    the parent's by then; `sys.orig_argv` is this interpreter's own command line."""
+    return "--multiprocessing-fork" in sys.orig_argv
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """Ask the kernel to send `sig` to this process when its parent dies; exit at once if the
+    parent is already gone. False where unsupported (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        return False
+    if os.getppid() == 1:  # orphaned before the request took effect: the parent will never die again
+        os._exit(TERMINATED_EXIT)
+    return True
+
+
+def stop_child(proc: subprocess.Popen, grace: float = 60.0) -> int:
+    """SIGTERM `proc` (if it still runs), wait up to `grace` seconds, then SIGKILL; its exit code.
+    A child already unwinding from a Ctrl-C ignores the SIGTERM (`sigterm_as_interrupt`)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
+
+
+def run_child(cmd: list[str], cwd) -> int:
+    """`subprocess.call`, except that an interrupted or terminated caller stops the child with
+    `stop_child` (SIGTERM first, so that it can unwind) instead of SIGKILLing it."""
+    proc = subprocess.Popen(cmd, cwd=cwd)
+    try:
+        return proc.wait()
+    except BaseException:
+        stop_child(proc)
+        raise
