@@ -25,6 +25,7 @@ from utils.core.lock import HOLDER_ENV, RunLock, RunLocked
 from utils.core.manifest import rel
 from utils.core.methods import METHODS
 from utils.core.signals import TERMINATED_EXIT, Terminated, sigterm_as_interrupt
+from utils.core.stages import DISK_ERRORS, disk_error
 from utils.driver import REPORT, RunManifest, batches, plan, run_batch, stage_path
 
 
@@ -55,6 +56,11 @@ def main(argv=None) -> int:
             return _run(args, methods, seeds, base, root, run_root)
     except RunLocked as exc:
         print(f"09_driver: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        if exc.errno not in DISK_ERRORS:
+            raise
+        print(f"09_driver: error: {disk_error(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the running stage was stopped with SIGTERM first
         print(f"09_driver: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}; the running stage "

@@ -10,8 +10,11 @@ same config hash, otherwise clear what an earlier run left and start fresh.
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -23,27 +26,42 @@ def _save_pretrained(model, out_dir: Path) -> None:
     """The trained weights only: a peft model that also holds a frozen KL reference adapter saves
     just its active (trained) adapter, so the directory is one adapter that vLLM can serve."""
     many = len(getattr(model, "peft_config", {})) > 1
-    model.save_pretrained(out_dir, **({"selected_adapters": [model.active_adapter]} if many else {}))
+    try:
+        model.save_pretrained(out_dir, **({"selected_adapters": [model.active_adapter]} if many else {}))
+    except Exception as exc:  # safetensors reports a full disk as its own error: "... (os error 28)"
+        code = re.search(r"\(os error (\d+)\)", str(exc))
+        if code is None or isinstance(exc, OSError):
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(out_dir)) from exc
+
+
+@contextmanager
+def _assembling(tmp: Path):
+    """A fresh `tmp` directory, removed again if filling it fails (a full disk keeps no half copy)."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def save_weights(model, out_dir: Path) -> None:
     """An adapter (peft) or full-model directory, assembled aside and renamed into place."""
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    _save_pretrained(model, tmp)
+    with _assembling(out_dir.with_name(out_dir.name + ".tmp")) as tmp:
+        _save_pretrained(model, tmp)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)
 
 
 def save_checkpoint(final: Path, model, opt, sched, state: dict, config_sha: str) -> Path:
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    _save_pretrained(model, tmp / "weights")
-    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict() if sched is not None else None,
-                "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, tmp / "trainer.pt")
-    atomic_write_json(tmp / "state.json", {**state, "config_sha256": config_sha})
+    with _assembling(final.with_name(final.name + ".tmp")) as tmp:
+        _save_pretrained(model, tmp / "weights")
+        torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict() if sched is not None else None,
+                    "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, tmp / "trainer.pt")
+        atomic_write_json(tmp / "state.json", {**state, "config_sha256": config_sha})
     old = final.with_name(final.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():

@@ -99,6 +99,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.filename is None:  # a full disk fails in write/flush/fsync, which name no file
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -243,7 +248,11 @@ class StageRun:
         self._lock.acquire()
         self._t0 = time.time()
         self.data["started_at"] = utc_now()
-        self._write()
+        try:
+            self._write()
+        except BaseException:  # e.g. a full disk: nothing of this run written, and the run not left locked
+            self._lock.release()
+            raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:

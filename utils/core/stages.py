@@ -9,6 +9,7 @@ one clear line on stderr and exit code 1, and SIGTERM into an orderly stop (util
 """
 from __future__ import annotations
 
+import errno
 import sys
 import traceback
 from pathlib import Path
@@ -39,6 +40,8 @@ CONFIG_KEYS: dict[str, tuple[str, ...]] = {
     "07_evaluate": ("model", "algorithm.rl.max_turns", "seed"),
 }
 STAGES = (*CONFIG_KEYS, "08_compare_runs")
+# a full disk or quota, a read-only or forbidden folder: the user's to fix, reported in one line
+DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 class StageError(RuntimeError):
@@ -101,6 +104,13 @@ def stage_config(cfg: RunConfig, stage: str) -> dict:
     return config_slice(cfg, CONFIG_KEYS[stage])
 
 
+def disk_error(exc: OSError) -> str:
+    """One line for a full disk or an unwritable folder (`DISK_ERRORS`): what, where, what to do."""
+    where = f": {exc.filename}" if exc.filename else ""
+    return (f"{exc.strerror}{where}; nothing completed was overwritten: make room (or choose a writable "
+            "outputs_dir) and run it again")
+
+
 def run_main(stage: str, fn: Callable[[], int | None]) -> int:
     """Run a stage's main; user errors become one line on stderr and exit code 1. Ctrl-C and
     SIGTERM unwind it (manifest "failed", lock released, engine shut down): exit 130 or 143."""
@@ -109,6 +119,12 @@ def run_main(stage: str, fn: Callable[[], int | None]) -> int:
             return fn() or 0
     except (StageError, ConfigError, DataError, FileNotFoundError, RunLocked) as exc:
         print(f"{stage}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        if exc.errno not in DISK_ERRORS:
+            traceback.print_exc()
+            return 1
+        print(f"{stage}: error: {disk_error(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
         how = "terminated" if isinstance(exc, Terminated) else "interrupted"
