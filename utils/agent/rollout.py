@@ -30,6 +30,7 @@ from utils.agent.episode import Episode, Segment
 from utils.agent.prompts import render_executor, render_planner, render_result
 from utils.agent.protocol import (ANSWER, EXECUTOR, EXECUTOR_STOPS, PLANNER, PLANNER_STOPS, extract_tag,
                                   format_score, last_action)
+from utils.core.faults import fault_point
 from utils.core.schema import RunConfig, TemplatesConfig
 
 @dataclass
@@ -126,6 +127,7 @@ class Rollout:
         for i, ep in enumerate(episodes):
             self._submit_planner(i, ep, seed, step, 0)
         while done := self.engine.poll():
+            fault_point("rollout")  # the kill-anywhere test's cut (utils/core/faults.py)
             for (role, i, turn, call), sample in done:
                 if role == PLANNER:
                     self._planner_done(i, episodes[i], turn, sample, seed, step)

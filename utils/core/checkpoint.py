@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from utils.core.faults import fault_point
 from utils.core.manifest import atomic_write_json
 
 
@@ -59,6 +60,7 @@ def save_weights(model, out_dir: Path) -> None:
 def save_checkpoint(final: Path, model, opt, sched, state: dict, config_sha: str) -> Path:
     with _assembling(final.with_name(final.name + ".tmp")) as tmp:
         _save_pretrained(model, tmp / "weights")
+        fault_point("checkpoint")  # the kill-anywhere test's cut (utils/core/faults.py)
         torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict() if sched is not None else None,
                     "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, tmp / "trainer.pt")
         atomic_write_json(tmp / "state.json", {**state, "config_sha256": config_sha})

@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from utils.core.config import ROOT
+from utils.core.faults import fault_point
 from utils.core.lock import RunLock
 
 MANIFEST_NAME = "manifest.json"
@@ -98,6 +100,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        fault_point(f"write:{path.name}")  # the kill-anywhere test's cut (utils/core/faults.py)
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
@@ -107,6 +110,18 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def remove_stale_temporaries(folder: Path) -> None:
+    """Delete what a killed writer left in `folder`: atomic writes' `.<name>.*.tmp` files and
+    checkpoints' `<name>.tmp` folders, never read (the caller holds the run lock)."""
+    if not folder.is_dir():
+        return
+    for tmp in folder.rglob("*.tmp"):
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif tmp.name.startswith("."):
+            tmp.unlink(missing_ok=True)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -246,6 +261,7 @@ class StageRun:
     def __enter__(self) -> "StageRun":
         self._lock = RunLock(self._run_dir())  # one writer per run (utils/core/lock.py)
         self._lock.acquire()
+        remove_stale_temporaries(self.out_dir)
         self._t0 = time.time()
         self.data["started_at"] = utc_now()
         try:

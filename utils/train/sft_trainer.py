@@ -16,6 +16,7 @@ from typing import Callable
 
 from utils.agent.episode import Example
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
+from utils.core.faults import fault_point
 from utils.core.schema import WarmupConfig
 from utils.core.stream import Cursor, take
 from utils.core.tracking import MetricsLogger
@@ -86,6 +87,7 @@ class SftLoop:
     def _update(self) -> tuple[float, float, int]:
         """One optimizer step on the next batch: (loss, grad norm, 1 if skipped as non-finite)."""
         loss = sft_loss(self.model, self._next_batch(), self.pad_id)
+        fault_point("sft_step")  # the kill-anywhere test's cut (utils/core/faults.py)
         skipped, grad = guarded_step(self.opt, self.model, loss, self.cfg.max_grad_norm)
         return loss.item(), grad, skipped
 
