@@ -10,6 +10,7 @@ one clear line on stderr and exit code 1, and SIGTERM into an orderly stop (util
 from __future__ import annotations
 
 import errno
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Callable
 
 from utils.core.config import ConfigError, to_dict
 from utils.core.io import DataError
-from utils.core.lock import RunLocked
+from utils.core.lock import HOLDER_ENV, RunLocked
 from utils.core.manifest import MANIFEST_NAME, StageRun
 from utils.core.schema import RunConfig, repo_path
 from utils.core.signals import TERMINATED_EXIT, Terminated, die_with_parent, is_spawned_child, sigterm_as_interrupt
@@ -114,6 +115,8 @@ def disk_error(exc: OSError) -> str:
 def run_main(stage: str, fn: Callable[[], int | None]) -> int:
     """Run a stage's main; user errors become one line on stderr and exit code 1. Ctrl-C and
     SIGTERM unwind it (manifest "failed", lock released, engine shut down): exit 130 or 143."""
+    if os.environ.get(HOLDER_ENV) == str(os.getppid()):  # run by the driver: stop with it, even if SIGKILLed
+        die_with_parent()
     try:
         with sigterm_as_interrupt():
             return fn() or 0
