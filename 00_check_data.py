@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     out = stage_dir(cfg, STAGE)
     root = repo_path(cfg.data.path)
     with StageRun(STAGE, out, stage_config(cfg, STAGE), cfg.seed) as run:
-        if cfg.data.name == "synthetic_arith":
+        if cfg.data.name in ("synthetic_arith", "synthetic_lookup"):
             from utils.data.synthetic import SHAPE_KNOBS, SIZE_KNOBS, stale_knobs
 
             stale = stale_knobs(cfg.data, root, SHAPE_KNOBS)
@@ -36,6 +36,11 @@ def main(argv=None) -> int:
         rep = check_dataset(cfg.data.name, root, cfg.data.scorer)
         for path in rep.files.values():
             run.add_input(path)
+        if cfg.tool.retriever != "none":  # the search tool's corpus: every row checked, then hashed
+            from utils.agent.retrieval import read_corpus
+
+            run.metrics["corpus_docs"] = len(read_corpus(root / cfg.tool.corpus))
+            run.add_input(root / cfg.tool.corpus)
         summary = summarize(rep)
         atomic_write_json(out / "summary.json", summary)
         run.add_output(out / "summary.json")

@@ -10,6 +10,7 @@ line says so (utils/agent/prompts.py `fit_context`); the row's `meta.context_cut
 cut and the manifest counts the cut rows per split.
 """
 import json
+import shutil
 import sys
 
 from utils.agent.prompts import fit_context, render_planner
@@ -57,6 +58,19 @@ def _fit(cfg, tok, row) -> int:
     return int(cut is not None)
 
 
+def _build_index(cfg, run, out) -> None:
+    from utils.agent.retrieval import build_index
+
+    tmp, final = out / "index.tmp", out / "index"
+    shutil.rmtree(tmp, ignore_errors=True)
+    info = build_index(cfg.tool.retriever, repo_path(cfg.data.path) / cfg.tool.corpus, tmp,
+                       embedding_model=cfg.tool.embedding_model)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    run.add_output(final)
+    run.metrics["index_docs"] = info["docs"]
+
+
 def main(argv=None) -> int:
     cfg, _ = parse_stage_args(__doc__, argv)
     out = stage_dir(cfg, STAGE)
@@ -81,6 +95,8 @@ def main(argv=None) -> int:
             run.add_output(out / f"{split}.jsonl")
             run.metrics[f"rows_{split}"] = len(rows)
         run.metrics.update(stats)
+        if cfg.tool.retriever != "none":
+            _build_index(cfg, run, out)
     print(f"{STAGE}: wrote " + ", ".join(f"{s} {len(r)}" for s, r in splits.items()) + f" -> {out}")
     return 0
 

@@ -16,6 +16,7 @@ import sys
 
 from tqdm import tqdm
 
+from utils.agent.retrieval import render_information, run_retriever
 from utils.agent.rollout import Codec, Rollout, RolloutSpec
 from utils.agent.traces import (examples_from_trace, skipped_stats, trace_from_episode, trace_from_row, trace_record,
                                 trace_stats)
@@ -35,7 +36,7 @@ def _teacher(cfg, rows, spec, codec, wanted):
     path = model_dir(cfg, cfg.traces.teacher_path or None)
     engine = make_engine(cfg.model.engine.name, path, cfg.model.engine, seed=cfg.seed)
     engine.set_adapter(repo_path(cfg.traces.teacher_adapter) if cfg.traces.teacher_adapter else None)
-    ro = Rollout(engine, codec, RolloutSpec.from_config(cfg, cfg.traces.teacher_temperature))
+    ro = Rollout(engine, codec, RolloutSpec.from_config(cfg, cfg.traces.teacher_temperature), run_retriever(cfg))
     kept, sampled, size = [], 0, cfg.traces.teacher_batch
     usable = _LengthFilter(cfg)
     for start in tqdm(range(0, len(rows), size), desc="teacher rollouts", unit="batch"):
@@ -54,6 +55,18 @@ def _teacher(cfg, rows, spec, codec, wanted):
                     kept.append((trace, examples))
     engine.close()
     return kept, sampled
+
+
+def _gold_search(cfg, run):
+    """query -> (information text, passage ids) on 01's index, for lookup steps; None without the tool."""
+    retriever = run_retriever(cfg, run)
+    if retriever is None:
+        return None
+
+    def search(query: str) -> tuple[str, list[str]]:
+        passages = retriever.search(query, cfg.tool.top_k)
+        return render_information(cfg.tool.information, passages), [p.id for p in passages]
+    return search
 
 
 class _LengthFilter:
@@ -90,8 +103,9 @@ def main(argv=None) -> int:
             pairs, sampled = _teacher(cfg, rows, read_spec(rewards_dir / "reward_spec.yaml"), codec, wanted)
         else:  # gold | solution: the config accepts no other source
             pairs, usable, sampled = [], _LengthFilter(cfg), 0
+            search = _gold_search(cfg, run)
             for row in rows:
-                trace, why = trace_from_row(row, source)
+                trace, why = trace_from_row(row, source, search)
                 if trace is None:
                     skipped.append((row["id"], why))
                 elif usable(trace):

@@ -11,6 +11,7 @@ import sys
 
 from tqdm import tqdm
 
+from utils.agent.retrieval import run_retriever
 from utils.agent.rollout import Codec
 from utils.agent.traces import read_trace_examples
 from utils.core.cli import parse_stage_args
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
         for p in (traces_dir / "sft_traces.jsonl", val_path, rewards_dir / "reward_spec.yaml"):
             run.add_input(p)
         validator = Validator(cfg, base, rows, read_spec(rewards_dir / "reward_spec.yaml"),
-                              Codec(tok, cfg.model.templates), out)
+                              Codec(tok, cfg.model.templates), out, run_retriever(cfg, run))
         torch.manual_seed(cfg.seed)  # LoRA init draws from torch's RNG
         model = load_policy(base, cfg.model.lora, cfg.model.dtype)
         loop = SftLoop(model, examples, cfg.warmup, cfg.seed, tok.pad_token_id, out,

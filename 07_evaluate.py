@@ -15,6 +15,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from utils.agent.retrieval import run_retriever
 from utils.agent.rollout import Codec, Rollout, RolloutSpec
 from utils.core.cli import parse_stage_args, stage_parser
 from utils.core.io import read_jsonl, write_jsonl
@@ -45,10 +46,14 @@ def resolve_checkpoint(run, cfg, name: str) -> Path | None:
     return path
 
 
+SEARCH_FIELDS = ("searches", "retrieval_hit")  # with the search tool (utils/eval/evaluation.py search_metrics)
+
+
 def write_outputs(out: Path, metrics: dict, scored: list[dict]) -> None:
     atomic_write_json(out / "metrics.json", metrics)
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=BREAKDOWN, extrasaction="ignore", lineterminator="\n")
+    fields = BREAKDOWN + (list(SEARCH_FIELDS) if scored and "searches" in scored[0] else [])
+    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for r in scored:
         writer.writerow({**r, "golds": "|".join(r["golds"])})
@@ -92,14 +97,15 @@ def evaluate(cfg, args, name: str, shared: SharedEngine, codec: Codec) -> None:
         rows = rows[:args.limit] if args.limit else rows
         spec = read_spec(rewards_dir / "reward_spec.yaml")
         engine = shared.serving(adapter)
-        summary, scored = greedy_eval(engine, codec, rows, spec, RolloutSpec.from_config(cfg, 0.0))
+        retriever = run_retriever(cfg, run)
+        summary, scored = greedy_eval(engine, codec, rows, spec, RolloutSpec.from_config(cfg, 0.0), retriever)
         for r in scored:
             r["category"] = failure_category(r)
         metrics = {**summary, "accuracy_ci95": bootstrap_ci([r["answer"] for r in scored], seed=cfg.seed),
                    "scorer": spec.scorer, "failures": dict(sorted(Counter(r["category"] for r in scored).items())),
                    "checkpoint": name}
         if args.pass_k:
-            sampler = Rollout(engine, codec, RolloutSpec.from_config(cfg, PASS_K_TEMPERATURE))
+            sampler = Rollout(engine, codec, RolloutSpec.from_config(cfg, PASS_K_TEMPERATURE), retriever)
             metrics[f"pass@{args.pass_k}"] = pass_at_k(score_episodes(sampler.run(rows, n=args.pass_k, seed=cfg.seed), spec))
         write_outputs(out, metrics, scored)
         for f in ("metrics.json", "breakdown.csv", "samples/predictions.jsonl"):

@@ -34,13 +34,14 @@ def quick_sft(model, examples: list[Example], steps: int, lr: float, batch_size:
     return losses
 
 
-def gold_examples(rows: list[dict], codec) -> list[Example]:
-    """Training examples from gold traces of prepared rows (rows without a decomposition are skipped)."""
+def gold_examples(rows: list[dict], codec, search=None) -> list[Example]:
+    """Training examples from gold traces of prepared rows (rows without a decomposition are skipped);
+    `search` runs lookup steps' searches (see utils.agent.traces.trace_from_row)."""
     from utils.agent.traces import examples_from_trace, trace_from_row
 
     out = []
     for row in rows:
-        trace, _ = trace_from_row(row, "gold")
+        trace, _ = trace_from_row(row, "gold", search)
         if trace is not None:
             out += examples_from_trace(trace, codec, row.get("context"))
     return out
@@ -62,6 +63,25 @@ def train_gold_adapter(base_path: Path, out_dir: Path, n_rows: int = 400, steps:
     torch.manual_seed(seed)  # the LoRA init draws from torch's RNG: seed it, or the adapter depends on test order
     model = load_policy(base_path, LoraConfig(rank=8, alpha=16))
     quick_sft(model, gold_examples(rows, Codec(tok, TemplatesConfig())), steps=steps, lr=3e-3, batch_size=32,
+              seed=seed, pad_id=tok.pad_token_id)
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+def train_lookup_adapter(base_path: Path, rows: list[dict], search, out_dir: Path, steps: int = 150,
+                         seed: int = 0) -> Path:
+    """A quickly SFT-trained LoRA adapter on synthetic_lookup gold traces: its executor searches."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from utils.agent.rollout import Codec
+    from utils.core.schema import LoraConfig, TemplatesConfig
+    from utils.train.policy import load_policy
+
+    tok = AutoTokenizer.from_pretrained(base_path)
+    torch.manual_seed(seed)
+    model = load_policy(base_path, LoraConfig(rank=8, alpha=16))
+    quick_sft(model, gold_examples(rows, Codec(tok, TemplatesConfig()), search), steps=steps, lr=3e-3, batch_size=32,
               seed=seed, pad_id=tok.pad_token_id)
     model.save_pretrained(out_dir)
     return out_dir

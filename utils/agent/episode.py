@@ -9,7 +9,9 @@ episode, for the RL batch (utils/train/grpo.py) and for SFT traces (utils/agent/
 - the planner's whole conversation is one sequence: its last context plus its last turn, with a
   loss mask that is 1 only on the planner's own generated tokens (the prompt and the injected
   <result> tokens are never trained);
-- each executor call is its own sequence (its context is decoupled): prompt masked, answer trained.
+- each executor call is its own sequence (its context is decoupled): prompt masked, answer trained;
+  with the search tool a call has several segments, and like the planner's they form one
+  conversation in which the injected <information> tokens are masked.
 """
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ class Episode:
     error: str | None = None
     planner_ids: list[int] = field(default_factory=list)  # the live planner context
     transcript: str = ""
+    searches: list[dict] = field(default_factory=list)  # the search tool's calls: {turn, query, docs, error}
 
     @property
     def done(self) -> bool:
@@ -70,7 +73,8 @@ class Episode:
 
     @property
     def n_subtasks(self) -> int:
-        return sum(s.role == EXECUTOR for s in self.segments)
+        """Executor calls (with the search tool a call has several segments, all of its turn)."""
+        return len({s.turn for s in self.segments if s.role == EXECUTOR})
 
     @property
     def format_score(self) -> float:
@@ -94,31 +98,32 @@ class Episode:
         return cls(**d)
 
 
-def _planner_example(ep: Episode) -> Example | None:
-    planner = [s for s in ep.segments if s.role == PLANNER]
-    if not planner:
-        return None
-    last = planner[-1]
+def _conversation(ep: Episode, segments: list[Segment], role: str) -> Example:
+    """One sequence from segments whose contexts nest (each extends the previous context and
+    output): the last context plus the last output, trained only on the generated tokens."""
+    last = segments[-1]
     ids = last.context_ids + last.gen_ids
     mask, lps = [0] * len(ids), [0.0] * len(ids)
-    for seg in planner:
+    for seg in segments:
         start = len(seg.context_ids)
         if ids[:start] != seg.context_ids or ids[start:start + len(seg.gen_ids)] != seg.gen_ids:
-            raise ValueError(f"episode {ep.qid}/{ep.sample}: planner contexts are not nested")
+            raise ValueError(f"episode {ep.qid}/{ep.sample}: {role} contexts are not nested")
         for k, lp in enumerate(seg.logprobs):
             mask[start + k], lps[start + k] = 1, lp
-    return Example(ep.qid, PLANNER, ids, mask, lps)
+    return Example(ep.qid, role, ids, mask, lps)
 
 
 def episode_sequences(ep: Episode) -> list[Example]:
     """The planner conversation, then each executor call with generated tokens, as training sequences."""
-    planner = _planner_example(ep)
-    out = [planner] if planner is not None else []
+    planner = [s for s in ep.segments if s.role == PLANNER]
+    out = [_conversation(ep, planner, PLANNER)] if planner else []
+    calls: dict[int, list[Segment]] = {}
     for s in ep.segments:
-        if s.role == EXECUTOR and s.gen_ids:
-            out.append(Example(ep.qid, EXECUTOR, s.context_ids + s.gen_ids,
-                               [0] * len(s.context_ids) + [1] * len(s.gen_ids),
-                               [0.0] * len(s.context_ids) + list(s.logprobs)))
+        if s.role == EXECUTOR:
+            calls.setdefault(s.turn, []).append(s)
+    for segs in calls.values():
+        if any(s.gen_ids for s in segs):
+            out.append(_conversation(ep, segs, EXECUTOR))
     return out
 
 

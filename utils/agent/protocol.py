@@ -4,6 +4,10 @@
     planner turn:   <think>…</think><task>subtask</task>      or   <think>…</think><answer>final</answer>
     executor:       <think>…</think><answer>result</answer>
     injected:       <result>executor's answer</result>          (the template is model.templates.result)
+    with the search tool (utils/agent/retrieval.py), an executor segment may end in a search instead:
+    executor:       <think>…</think><search>query</search>
+    injected:       <information>top-k passages</information>  (into that executor's context only;
+                    the template is tool.information), then the executor continues
 
 The engines stop a planner turn at `</task>` or `</answer>` and an executor at `</answer>`. Parsing
 never raises on model output and reads at most `MAX_PARSED_CHARS` characters, so garbage costs
@@ -13,11 +17,12 @@ credit, so a policy cannot farm format reward by spamming tags (a departure from
 from __future__ import annotations
 
 
-THINK, TASK, ANSWER = "think", "task", "answer"
+THINK, TASK, ANSWER, SEARCH = "think", "task", "answer", "search"
 PLANNER, EXECUTOR = "planner", "executor"
 ROLE_TAGS = {EXECUTOR: (THINK, (ANSWER,)), PLANNER: (THINK, (TASK, ANSWER))}  # role -> (think tag, action tags)
 PLANNER_STOPS = [f"</{TASK}>", f"</{ANSWER}>"]
 EXECUTOR_STOPS = [f"</{ANSWER}>"]
+SEARCHER_STOPS = [f"</{ANSWER}>", f"</{SEARCH}>"]  # an executor with the search tool
 MAX_PARSED_CHARS = 20_000  # longer outputs are parsed and scored on their head
 
 
@@ -57,13 +62,14 @@ def extract_tag(text: str, tag: str) -> str | None:
     return found[-1].strip() if found else None
 
 
-def last_action(text: str) -> tuple[str | None, str | None]:
-    """(answer, task) of a planner turn: the action tag that closes the turn wins."""
-    ans_end, task_end = text.rfind(f"</{ANSWER}>"), text.rfind(f"</{TASK}>")
-    if ans_end > task_end:
+def last_action(text: str, other: str = TASK) -> tuple[str | None, str | None]:
+    """(answer, task) of a planner turn, or (answer, query) of an executor segment with
+    other=SEARCH: the action tag that closes the text wins."""
+    ans_end, other_end = text.rfind(f"</{ANSWER}>"), text.rfind(f"</{other}>")
+    if ans_end > other_end:
         return extract_tag(text, ANSWER), None
-    if task_end >= 0:
-        return None, extract_tag(text, TASK)
+    if other_end >= 0:
+        return None, extract_tag(text, other)
     return None, None
 
 
@@ -79,17 +85,20 @@ def _tag_credit(text: str, tag: str) -> float:
     return 0.5
 
 
-def format_score(text: str, role: str) -> tuple[float, dict]:
+def format_score(text: str, role: str, search: bool = False) -> tuple[float, dict]:
     """Graduated format score in [0, 1] for one generated segment of `role`, with its parts.
 
-    Half the credit is for a <think> block, half for the role's action tag: executor <answer>;
-    planner exactly one of <task> or <answer>. Both action tags in one planner turn, or text after
-    the action, earn half credit for the action.
+    Half the credit is for a <think> block, half for the role's action tag: executor <answer>
+    (or, with the search tool, exactly one of <answer> or <search>); planner exactly one of <task>
+    or <answer>. Two action tags in one segment, or text after the action, earn half credit for
+    the action.
     """
     if role not in ROLE_TAGS:
         raise KeyError(f"unknown role '{role}'; valid: {', '.join(ROLE_TAGS)}")
     text = str(text)[:MAX_PARSED_CHARS]
     think_tag, actions = ROLE_TAGS[role]
+    if search and role == EXECUTOR:
+        actions = (*actions, SEARCH)
     think = _tag_credit(text, think_tag)
     present = [(c, a) for c, a in ((_tag_credit(text, a), a) for a in actions) if c > 0]
     if not present:

@@ -14,12 +14,18 @@ reproduces a turn-by-turn barrier. Each request is seeded by (seed, step, episod
 
 An episode ends on the planner's <answer> ("answered"), or as "malformed" (a planner turn with
 neither a complete <task> nor <answer>, an empty subtask, or a context that no longer fits),
-"executor_error" (an executor that never closes <answer>), or "max_turns". Only "answered"
+"executor_error" (an executor that never closes <answer>, or searches more than allowed), or
+"max_turns". Only "answered"
 episodes keep a format score; the others score format 0 and never crash the batch.
 
 Each generated text becomes a `Segment` of its `Episode` (utils/agent/episode.py), with the exact
 context ids it was sampled from and the sampler's log-probs, so the trainer can recompute
 log-probs over exactly the sampled tokens. Tags and stop strings come from utils/agent/protocol.py.
+
+With a retriever (the search tool, utils/agent/retrieval.py), an executor segment may end in
+<search>query</search> instead: the rollout searches, appends the top-k passages as
+<information>…</information> to that executor's context (never the planner's) and queues its next
+segment, up to `max_searches` per subtask. Every search is recorded in `Episode.searches`.
 """
 from __future__ import annotations
 
@@ -28,8 +34,9 @@ from dataclasses import dataclass
 from utils.agent.engines import Engine, SamplingSpec, derive_seed
 from utils.agent.episode import Episode, Segment
 from utils.agent.prompts import render_executor, render_planner, render_result
-from utils.agent.protocol import (ANSWER, EXECUTOR, EXECUTOR_STOPS, PLANNER, PLANNER_STOPS, extract_tag,
-                                  format_score, last_action)
+from utils.agent.protocol import (ANSWER, EXECUTOR, EXECUTOR_STOPS, PLANNER, PLANNER_STOPS, SEARCH,
+                                  SEARCHER_STOPS, extract_tag, format_score, last_action)
+from utils.agent.retrieval import QueryTooLong, render_information
 from utils.core.faults import fault_point
 from utils.core.schema import RunConfig, TemplatesConfig
 
@@ -41,12 +48,17 @@ class RolloutSpec:
     temperature: float = 1.0
     top_p: float = 1.0
     max_model_len: int = 512
+    top_k: int = 2  # the search tool's passages per search
+    max_searches: int = 2  # per subtask
+    information: str = "<information>{passages}</information>\n"
 
     @classmethod
     def from_config(cls, cfg: RunConfig, temperature: float) -> "RolloutSpec":
-        """The run's rollout settings (turns, budgets, context length) at `temperature` (0 = greedy)."""
+        """The run's rollout settings (turns, budgets, context length, tool) at `temperature` (0 = greedy)."""
+        t = cfg.tool
         return cls(cfg.algorithm.rl.max_turns, cfg.model.max_new_tokens_planner, cfg.model.max_new_tokens_executor,
-                   temperature, max_model_len=cfg.model.engine.max_model_len)
+                   temperature, max_model_len=cfg.model.engine.max_model_len, top_k=t.top_k,
+                   max_searches=t.max_searches, information=t.information)
 
 
 class Codec:
@@ -80,8 +92,8 @@ class Codec:
 class Rollout:
     """Runs batches of episodes on an engine; the codec fixes the exact token ids."""
 
-    def __init__(self, engine: Engine, codec: Codec, spec: RolloutSpec):
-        self.engine, self.codec, self.spec = engine, codec, spec
+    def __init__(self, engine: Engine, codec: Codec, spec: RolloutSpec, retriever=None):
+        self.engine, self.codec, self.spec, self.retriever = engine, codec, spec, retriever
         self._evidence: list[str | None] = []  # per episode of the running batch: its row's context
 
     def _sampling(self, max_tokens: int, stops: list[str]) -> SamplingSpec:
@@ -100,7 +112,7 @@ class Rollout:
         budget = self._budget(context, want)
         if budget <= 0:
             return False
-        stops = PLANNER_STOPS if key[0] == PLANNER else EXECUTOR_STOPS
+        stops = PLANNER_STOPS if key[0] == PLANNER else SEARCHER_STOPS if self.retriever else EXECUTOR_STOPS
         self.engine.submit(key, context, self._sampling(budget, stops), seed)
         return True
 
@@ -150,17 +162,46 @@ class Rollout:
             self._end(ep, "malformed", "empty <task>")
         else:
             task = task.strip()
-            context = self.codec.executor_prompt(task, self._evidence[i])
-            if not self._submit((EXECUTOR, i, turn, (task, context)), context, self.spec.max_new_tokens_executor,
-                                derive_seed(seed, step, i, turn, "executor")):
-                self._end(ep, "executor_error", "executor context exceeds max_model_len")
+            self._submit_executor(i, ep, turn, (task, self.codec.executor_prompt(task, self._evidence[i]), 0),
+                                  seed, step)
+
+    def _submit_executor(self, i: int, ep: Episode, turn: int, call: tuple, seed: int, step: int) -> None:
+        """Queue an executor segment; call = (subtask, its context so far, searches made)."""
+        searches = call[2]
+        role = "executor" if searches == 0 else f"executor/{searches}"
+        if not self._submit((EXECUTOR, i, turn, call), call[1], self.spec.max_new_tokens_executor,
+                            derive_seed(seed, step, i, turn, role)):
+            self._end(ep, "executor_error", "executor context exceeds max_model_len")
+
+    def _search(self, ep: Episode, turn: int, query: str) -> str:
+        """Run one search and record it; the information text to inject."""
+        record = {"turn": turn, "query": query, "docs": [], "error": None}
+        try:
+            passages = self.retriever.search(query, self.spec.top_k)
+            record["docs"] = [p.id for p in passages]
+            info = render_information(self.spec.information, passages)
+        except QueryTooLong as exc:
+            record["error"] = str(exc)
+            info = self.spec.information.format(passages=str(exc))
+        ep.searches.append(record)
+        return info
 
     def _executor_done(self, i: int, ep: Episode, turn: int, call: tuple, s, seed: int, step: int) -> None:
-        task, context = call
+        task, context, searches = call
+        tool = self.retriever is not None
         ep.segments.append(Segment(EXECUTOR, turn, context, s.token_ids, s.logprobs, s.text, s.finish_reason,
-                                   format_score(s.text, EXECUTOR)[0]))
-        ep.transcript += f"  [executor] {task} -> {s.text}\n"
-        answer = extract_tag(s.text, ANSWER)
+                                   format_score(s.text, EXECUTOR, search=tool)[0]))
+        ep.transcript += f"  [executor] {task} -> {s.text}\n" if searches == 0 else f"  [executor] -> {s.text}\n"
+        answer, query = last_action(s.text, SEARCH) if tool else (extract_tag(s.text, ANSWER), None)
+        if answer is None and query is not None:
+            if searches >= self.spec.max_searches:
+                self._end(ep, "executor_error", f"more than {self.spec.max_searches} searches for one subtask")
+                return
+            info = self._search(ep, turn, query)
+            ep.transcript += "  " + info
+            self._submit_executor(i, ep, turn, (task, context + s.token_ids + self.codec.plain(info), searches + 1),
+                                  seed, step)
+            return
         if answer is None:
             self._end(ep, "executor_error", "executor never closed <answer>")
             return

@@ -11,7 +11,13 @@ Turn texts (the same tags everywhere; the contents are what the tiny model can l
     planner, step k:  <think>{remaining expression}</think><task>{subtask}</task>
     planner, final:   <think>{answer}</think><answer>{answer}</answer>
     executor:         <think>{subtask}={result}</think><answer>{result}</answer>
-For a question that is not an arithmetic chain, the planner's think is "step k".
+    executor, a lookup step (the step names a search query; the search tool is on):
+                      <think>{subtask}</think><search>{query}</search>
+                      <information>{top-k passages, retrieved by the run's own index}</information>
+                      <think>{result}</think><answer>{result}</answer>
+For a question that is not an arithmetic chain, the planner's think is "step k". A lookup step
+whose gold fact (`fact`) is not among the passages the search returns gives no trace: the
+demonstration would answer from nothing.
 
 A trace is first laid out as the `Episode` a rollout would have produced (exact ids through the
 codec), and then turned into training examples by the same `episode_sequences` the RL trainer
@@ -25,8 +31,8 @@ import statistics
 from dataclasses import dataclass
 
 from utils.agent.episode import Episode, Example, Segment, episode_sequences
-from utils.agent.protocol import (EXECUTOR, PLANNER, TASK, executor_turn, extract_tag, planner_answer_turn,
-                                  planner_task_turn)
+from utils.agent.protocol import (EXECUTOR, PLANNER, SEARCH, TASK, THINK, executor_turn, extract_tag,
+                                  planner_answer_turn, planner_task_turn, wrap)
 from utils.agent.rollout import Codec
 from utils.core.io import DataError, read_records
 
@@ -39,27 +45,42 @@ class Trace:
     executor_calls: list[tuple[str, str]]  # (subtask, executor text)
     results: list[str]
     answer: str
+    segments: list[list[str]] | None = None  # per call: generated, injected, generated, ... (None: one each)
+
+    def call_segments(self, k: int) -> list[str]:
+        return self.segments[k] if self.segments else [self.executor_calls[k][1]]
 
 
-def _remaining(question: str, steps: list[tuple[str, str]], k: int) -> str:
-    """The expression left after substituting the first k results (arithmetic chains only)."""
+def _remaining(question: str, steps: list[tuple[str, str]], k: int, lookups: bool = False) -> str:
+    """The expression left after substituting the first k results (arithmetic chains only). With
+    lookup steps, a lookup's result replaces its first occurrence anywhere in the expression."""
     expr = question.replace("(", "").replace(")", "")
-    if not steps or not expr.startswith(steps[0][0]):
+    if not steps or not (lookups or expr.startswith(steps[0][0])):
         return f"step {k + 1}"  # not an arithmetic chain
     for task, result in steps[:k]:
-        if not expr.startswith(task):
+        if expr.startswith(task):
+            expr = result + expr[len(task):]
+        elif lookups and task in expr:
+            expr = expr.replace(task, result, 1)
+        else:
             return f"step {k + 1}"
-        expr = result + expr[len(task):]
     return expr
 
 
-def make_trace(qid: str, question: str, steps: list[tuple[str, str]], answer: str) -> Trace:
-    turns, calls = [], []
+def make_trace(qid: str, question: str, steps: list[tuple[str, str]], answer: str,
+               searches: list[tuple[str, str] | None] | None = None) -> Trace:
+    """`searches[k]`, for a lookup step, is (query, the information text its search injected)."""
+    turns, calls, segments = [], [], []
     for k, (task, result) in enumerate(steps):
-        turns.append(planner_task_turn(_remaining(question, steps, k), task))
-        calls.append((task, executor_turn(f"{task}={result}", result)))
+        turns.append(planner_task_turn(_remaining(question, steps, k, bool(searches)), task))
+        found = searches[k] if searches else None
+        segs = ([wrap(THINK, task) + wrap(SEARCH, found[0]), found[1], executor_turn(result, result)] if found
+                else [executor_turn(f"{task}={result}", result)])
+        calls.append((task, "".join(segs)))
+        segments.append(segs)
     turns.append(planner_answer_turn(answer, answer))
-    return Trace(qid, question, turns, calls, [r for _, r in steps], answer)
+    return Trace(qid, question, turns, calls, [r for _, r in steps], answer,
+                 segments if any(len(s) > 1 for s in segments) else None)
 
 
 _SOLUTION_LINE = re.compile(r"([0-9][0-9.,]*\s*[-+*/x×]\s*[0-9.,]+(?:\s*[-+*/x×]\s*[0-9.,]+)*)\s*=\s*\$?\s*([-0-9.,]+)")
@@ -75,12 +96,33 @@ def steps_from_solution(solution: str) -> list[tuple[str, str]]:
     return steps
 
 
-def trace_from_row(row: dict, source: str) -> tuple[Trace | None, str | None]:
-    """(trace, None) for a prepared row, or (None, why the source cannot decompose it)."""
+def _lookups(meta_steps: list[dict], search) -> tuple[list | None, str | None]:
+    """Per step, (query, information text) of its gold search, or None; or (None, why not)."""
+    out = []
+    for k, step in enumerate(meta_steps):
+        if "search" not in step:
+            out.append(None)
+            continue
+        if search is None:
+            return None, "the row has lookup steps and the search tool is off (tool.retriever none)"
+        info, docs = search(step["search"])
+        if step.get("fact") and step["fact"] not in docs:
+            return None, f"step {k + 1}: gold fact {step['fact']} not in the top-k for {step['search']!r}"
+        out.append((step["search"], info))
+    return out, None
+
+
+def trace_from_row(row: dict, source: str, search=None) -> tuple[Trace | None, str | None]:
+    """(trace, None) for a prepared row, or (None, why the source cannot decompose it). `search`
+    (query -> (information text, passage ids)) runs a lookup step's gold search."""
     meta = row.get("meta") or {}
+    searches = None
     if source == "gold":
         steps = [(s["task"], str(s["result"])) for s in meta.get("steps", [])]
         why = meta.get("trace_error") or "the row has no gold decomposition"
+        searches, lookup_error = _lookups(meta.get("steps", []), search)
+        if lookup_error:
+            return None, lookup_error
     elif source == "solution":
         steps = steps_from_solution(row.get("solution") or "")
         why = "no 'expr = number' line in the solution"
@@ -88,7 +130,7 @@ def trace_from_row(row: dict, source: str) -> tuple[Trace | None, str | None]:
         raise ValueError(f"unknown trace source '{source}'; valid: gold, solution, teacher")
     if not steps:
         return None, why
-    return make_trace(row["id"], row["question"], steps, row["answers"][0]), None
+    return make_trace(row["id"], row["question"], steps, row["answers"][0], searches), None
 
 
 def _kind(reason: str) -> str:
@@ -116,9 +158,12 @@ def episode_from_trace(trace: Trace, codec: Codec, context: str | None = None) -
         ep.segments.append(Segment(PLANNER, k, list(ctx), gen, [0.0] * len(gen), turn, "stop"))
         ctx = ctx + gen
         if k < len(trace.executor_calls):
-            task, text = trace.executor_calls[k]
-            prompt, out = codec.executor_prompt(task, context), codec.plain(text)
-            ep.segments.append(Segment(EXECUTOR, k, prompt, out, [0.0] * len(out), text, "stop"))
+            exe = codec.executor_prompt(trace.executor_calls[k][0], context)
+            for j, text in enumerate(trace.call_segments(k)):
+                out = codec.plain(text)
+                if j % 2 == 0:  # generated; odd positions are injected information
+                    ep.segments.append(Segment(EXECUTOR, k, list(exe), out, [0.0] * len(out), text, "stop"))
+                exe = exe + out
         if k < len(trace.results):
             ctx = ctx + codec.result(trace.results[k])[1]
     return ep
@@ -132,9 +177,12 @@ def examples_from_trace(trace: Trace, codec: Codec, context: str | None = None) 
 def trace_from_episode(ep: Episode) -> tuple[Trace, list[Example]]:
     """A teacher episode kept by rejection sampling: its texts, and examples over its exact ids."""
     planner = [s for s in ep.segments if s.role == PLANNER]
-    execs = [s for s in ep.segments if s.role == EXECUTOR]
-    tasks = [extract_tag(s.text, TASK) or "" for s in planner[:len(execs)]]
-    trace = Trace(ep.qid, ep.question, [s.text for s in planner], list(zip(tasks, [s.text for s in execs])),
+    calls: dict[int, str] = {}
+    for s in ep.segments:
+        if s.role == EXECUTOR:  # a call's segments (with the search tool, several) share its turn
+            calls[s.turn] = calls.get(s.turn, "") + s.text
+    tasks = [extract_tag(s.text, TASK) or "" for s in planner[:len(calls)]]
+    trace = Trace(ep.qid, ep.question, [s.text for s in planner], list(zip(tasks, calls.values())),
                   [], ep.final_answer or "")
     return trace, episode_sequences(ep)
 

@@ -23,7 +23,8 @@ LORA_SERVING = ("adapter", "merged")  # utils/agent/engines.py VLLMEngine
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")  # utils/train/losses.py
 ADV_SCALINGS = ("group", "batch", "none")  # utils/train/losses.py ADVANTAGES
 SCORER_NAMES = ("em", "f1", "cem", "numeric")  # utils/reward/scorers.py SCORERS
-ADAPTER_NAMES = ("synthetic_arith", "gsm8k", "finqa", "hotpotqa")  # utils/data/adapters.py ADAPTERS
+ADAPTER_NAMES = ("synthetic_arith", "synthetic_lookup", "gsm8k", "finqa", "hotpotqa")  # utils/data/adapters.py
+RETRIEVER_NAMES = ("none", "bm25", "dense")  # utils/agent/retrieval.py RETRIEVERS, or no tool
 TRAIN_ROLES = ("both", "planner", "executor")  # utils/train/grpo.py build_rl_batch
 LEAKAGE_POLICIES = ("drop_from_train", "warn", "error")  # utils/data/prepare.py
 
@@ -217,6 +218,20 @@ class RewardConfig:
 
 
 @dataclass
+class ToolConfig:
+    retriever: str = field("none", "The executor's search tool: none (no tool), bm25 or dense. Set by a data "
+                                   "tier that needs it (configs/data/synthetic_lookup.yaml).", RETRIEVER_NAMES)
+    corpus: str = field("corpus.jsonl", "Corpus file, JSONL of {id, title, text}, relative to data.path.")
+    top_k: int = field(2, "Passages returned per search.")
+    max_searches: int = field(2, "Searches allowed per subtask; one more ends the episode (executor_error).")
+    max_query_chars: int = field(200, "Longest query searched; a longer one gets an information block saying so.")
+    information: str = field("<information>{passages}</information>\n",
+                             "Text injected into the executor's context after a search; {passages} is the "
+                             "top-k passages, one per line (never trained on).")
+    embedding_model: str = field("", "dense: local directory of the model that embeds passages and queries.")
+
+
+@dataclass
 class RunConfig:
     run_id: str = field("run_001", "Outputs go to outputs/<run_id>/.")
     seed: int = field(1, "Seed for every random choice in the run.")
@@ -230,6 +245,7 @@ class RunConfig:
     reward: RewardConfig = field(RewardConfig(), "Reward spec written by 02_build_rewards.")
     traces: TracesConfig = field(TracesConfig(), "SFT traces written by 03_generate_sft_traces.")
     warmup: WarmupConfig = field(WarmupConfig(), "LoRA SFT warmup run by 04_sft_warmup.")
+    tool: ToolConfig = field(ToolConfig(), "The executor's search tool (off unless tool.retriever is set).")
 
 
 def load_run_config(model: str = "tiny-arith", algorithm: str = "red", data: str = "synthetic_arith",

@@ -30,15 +30,15 @@ if is_spawned_child():  # this module runs in vLLM's engine core too (spawn re-i
 CONFIG_KEYS: dict[str, tuple[str, ...]] = {
     "00_check_data": ("data",),
     "01_prepare_dataset": ("data", "model.templates", "model.path", "model.engine.max_model_len",
-                           "model.max_new_tokens_planner"),
+                           "model.max_new_tokens_planner", "tool"),
     "02_build_rewards": ("data.scorer", "reward"),
     "03_generate_sft_traces": ("traces", "model.path", "model.templates", "model.engine",
                                "model.max_new_tokens_planner", "model.max_new_tokens_executor",
-                               "algorithm.rl.max_turns", "seed"),
-    "04_sft_warmup": ("model", "warmup", "algorithm.rl.max_turns", "seed", "threads"),
-    "05_train_red_grpo": ("model", "algorithm", "seed", "threads"),
-    "06_ablate_grpo_only": ("model", "algorithm", "seed", "threads"),
-    "07_evaluate": ("model", "algorithm.rl.max_turns", "seed"),
+                               "algorithm.rl.max_turns", "seed", "tool"),
+    "04_sft_warmup": ("model", "warmup", "algorithm.rl.max_turns", "seed", "threads", "tool"),
+    "05_train_red_grpo": ("model", "algorithm", "seed", "threads", "tool"),
+    "06_ablate_grpo_only": ("model", "algorithm", "seed", "threads", "tool"),
+    "07_evaluate": ("model", "algorithm.rl.max_turns", "seed", "tool"),
 }
 STAGES = (*CONFIG_KEYS, "08_compare_runs")
 # a full disk or quota, a read-only or forbidden folder: the user's to fix, reported in one line
@@ -101,8 +101,13 @@ def model_dir(cfg: RunConfig, path: str | None = None) -> Path:
 
 
 def stage_config(cfg: RunConfig, stage: str) -> dict:
-    """The slice of the config that `stage` reads: what its manifest records and hashes."""
-    return config_slice(cfg, CONFIG_KEYS[stage])
+    """The slice of the config that `stage` reads: what its manifest records and hashes. Without
+    the search tool (tool.retriever none) the `tool` section is left out, so a run without it
+    hashes as it did before the tool existed."""
+    keys = CONFIG_KEYS[stage]
+    if cfg.tool.retriever == "none":
+        keys = tuple(k for k in keys if k != "tool")
+    return config_slice(cfg, keys)
 
 
 def disk_error(exc: OSError) -> str:

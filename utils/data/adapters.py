@@ -6,6 +6,7 @@ meta (dict). Adapters are registered by name (`ADAPTERS`); an unknown name lists
 Every read error names the file, the 1-based row (line for JSONL, element for a JSON array) and
 the field, with what was expected and what was found (`DataError`). Native formats:
 - synthetic_arith: JSONL {id, question, answer: int, steps: [{task, result}]} (utils/data/synthetic.py);
+- synthetic_lookup: the same, lookup steps adding {search, fact} (utils/data/lookup.py);
 - gsm8k: JSONL {question, answer: "worked solution ... #### 72"}; ids are <split>-<row>;
 - finqa: the FinQA release's JSON array {id, pre_text, post_text, table, qa: {question, answer|exe_ans}}
   (JSONL with the same objects is accepted too);
@@ -66,6 +67,17 @@ def _synthetic(path: Path, row: int, obj: dict, split: str) -> Row:
         require(step, "result", int, path, row, f"steps[{j}].")
     solution = "\n".join(f"{s['task']}={s['result']}" for s in steps)
     return Row(rid, question, [str(answer)], None, solution, {"steps": steps, "n_steps": len(steps)})
+
+
+def _synthetic_lookup(path: Path, row: int, obj: dict, split: str) -> Row:
+    """synthetic_arith's row, whose lookup steps also name their search query and gold fact id."""
+    out = _synthetic(path, row, obj, split)
+    for j, step in enumerate(out.meta["steps"]):
+        if "search" in step:
+            require(step, "search", str, path, row, f"steps[{j}].")
+            require(step, "fact", str, path, row, f"steps[{j}].")
+    out.meta["facts"] = [s["fact"] for s in out.meta["steps"] if "fact" in s]
+    return out
 
 
 _GSM_CALC = re.compile(r"<<[^>]*>>")
@@ -156,6 +168,7 @@ class Adapter:
 
 ADAPTERS: dict[str, Adapter] = {a.name: a for a in (
     Adapter("synthetic_arith", _synthetic),
+    Adapter("synthetic_lookup", _synthetic_lookup),
     Adapter("gsm8k", _gsm8k),
     Adapter("finqa", _finqa),
     Adapter("hotpotqa", _hotpotqa),

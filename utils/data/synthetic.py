@@ -1,4 +1,7 @@
-"""Writes the `synthetic_arith` dataset's native files: train/val/test JSONL with gold decompositions.
+"""Writes the synthetic datasets' native files: train/val/test JSONL with gold decompositions.
+
+`synthetic_arith` (below) and `synthetic_lookup` (utils/data/lookup.py, which adds corpus.jsonl,
+the search tool's corpus) share `write_dataset`.
 
 Native row: {"id", "question", "answer", "steps": [{"task": "12+7", "result": 19}, ...]}.
 Splits are disjoint: every question text is unique across the whole dataset. Only questions
@@ -15,6 +18,7 @@ from pathlib import Path
 
 from utils.data.adapters import SPLITS
 from utils.data.arith import is_task_question, make_problem
+from utils.data.lookup import generate_lookup
 from utils.core.manifest import atomic_write_json, config_sha256, path_sha256
 from utils.core.schema import DataConfig
 
@@ -57,13 +61,19 @@ def write_dataset(cfg: DataConfig, out_dir: Path) -> dict:
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    rows = generate_rows(cfg)
-    for split, items in rows.items():
-        (tmp / f"{split}.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in items))
+    if cfg.name == "synthetic_lookup":
+        rows, corpus = generate_lookup(cfg)
+    else:
+        rows, corpus = generate_rows(cfg), None
+    files = {f"{split}.jsonl": items for split, items in rows.items()}
+    if corpus is not None:
+        files["corpus.jsonl"] = corpus
+    for name, items in files.items():
+        (tmp / name).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in items))
     manifest = {"stage": "make_synthetic", "status": "completed", "config": to_dict(cfg),
                 "config_sha256": config_sha256(to_dict(cfg)),
                 "counts": {s: len(r) for s, r in rows.items()},
-                "files": {f"{s}.jsonl": path_sha256(tmp / f"{s}.jsonl") for s in rows}}
+                "files": {name: path_sha256(tmp / name) for name in files}}
     atomic_write_json(tmp / "manifest.json", manifest)
     if out_dir.exists():
         shutil.rmtree(out_dir)

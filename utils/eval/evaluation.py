@@ -25,15 +25,41 @@ def summarize_scores(scored: list[dict]) -> dict:
             "status": dict(sorted(Counter(s["status"] for s in scored).items()))}
 
 
-def greedy_eval(engine, codec: Codec, rows: list[dict], spec: RewardSpec, rollout: RolloutSpec) -> tuple[dict, list[dict]]:
-    """(summary metrics, per-episode records) of greedy rollouts on `rows`."""
-    episodes = Rollout(engine, codec, replace(rollout, temperature=0.0)).run(rows, n=1, seed=0)
+def greedy_eval(engine, codec: Codec, rows: list[dict], spec: RewardSpec, rollout: RolloutSpec,
+                retriever=None) -> tuple[dict, list[dict]]:
+    """(summary metrics, per-episode records) of greedy rollouts on `rows`; with a retriever (the
+    search tool), also the search metrics (`search_metrics`)."""
+    episodes = Rollout(engine, codec, replace(rollout, temperature=0.0), retriever).run(rows, n=1, seed=0)
     scored = score_episodes(episodes, spec)
     summary = summarize_scores(scored)
+    if retriever is not None:
+        summary.update(search_metrics(rows, episodes, scored))
     by_length = accuracy_by_gold_subtasks(rows, scored)
     if by_length:
         summary["accuracy_by_gold_subtasks"] = by_length
     return summary, scored
+
+
+def search_metrics(rows: list[dict], episodes, scored: list[dict]) -> dict:
+    """Searches per subtask, and for rows that name their gold facts (meta.facts): the retrieval hit
+    rate (every gold fact was among some search's top-k passages) and accuracy split by hit. Each
+    record gains `searches` and `retrieval_hit` (None for a row without gold facts)."""
+    facts = {r["id"]: set(r.get("meta", {}).get("facts") or ()) for r in rows}
+    split: dict[bool, list[float]] = {True: [], False: []}
+    for ep, rec in zip(episodes, scored):
+        found = {d for s in ep.searches for d in s["docs"]}
+        gold = facts.get(ep.qid)
+        rec["searches"], rec["retrieval_hit"] = len(ep.searches), (gold <= found) if gold else None
+        if gold:
+            split[gold <= found].append(rec["answer"])
+    subtasks = sum(r["subtasks"] for r in scored)
+    out = {"searches_per_subtask": round(sum(r["searches"] for r in scored) / max(subtasks, 1), 6)}
+    judged = len(split[True]) + len(split[False])
+    if judged:
+        out["retrieval_hit_rate"] = round(len(split[True]) / judged, 6)
+        for hit, name in ((True, "accuracy_hit"), (False, "accuracy_miss")):
+            out[name] = round(sum(split[hit]) / len(split[hit]), 6) if split[hit] else None
+    return out
 
 
 def accuracy_by_gold_subtasks(rows: list[dict], scored: list[dict]) -> dict[str, float]:
@@ -74,9 +100,10 @@ class Validator:
     """Serves the current weights on the rollout engine and scores greedy episodes on val rows; each
     call writes valid_samples/step_N.json under `out` and returns the summary metrics."""
 
-    def __init__(self, cfg: RunConfig, base: Path, rows: list[dict], spec: RewardSpec, codec: Codec, out: Path):
+    def __init__(self, cfg: RunConfig, base: Path, rows: list[dict], spec: RewardSpec, codec: Codec, out: Path,
+                 retriever=None):
         self.cfg, self.base, self.rows, self.spec, self.codec, self.out = cfg, base, rows, spec, codec, out
-        self.engine = None
+        self.engine, self.retriever = None, retriever
 
     def __call__(self, model, weights_dir: Path, step: int) -> dict:
         from tqdm import tqdm
@@ -91,7 +118,8 @@ class Validator:
                 self.engine = make_engine(self.cfg.model.engine.name, self.base, self.cfg.model.engine, self.cfg.seed)
             engine = self.engine
             engine.set_adapter(weights_dir)
-        metrics, samples = greedy_eval(engine, self.codec, self.rows, self.spec, RolloutSpec.from_config(self.cfg, 0.0))
+        metrics, samples = greedy_eval(engine, self.codec, self.rows, self.spec, RolloutSpec.from_config(self.cfg, 0.0),
+                                       self.retriever)
         atomic_write_json(self.out / "valid_samples" / f"step_{step}.json", {"step": step, "metrics": metrics,
                                                                             "samples": samples})
         by_length = " ".join(f"{k}:{v:.2f}" for k, v in metrics.get("accuracy_by_gold_subtasks", {}).items())

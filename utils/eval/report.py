@@ -197,6 +197,7 @@ def _accuracy_section(evals: list[Evaluation]) -> list[str]:
                       "subtasks", "tokens planner", "tokens executor"], rows), ""]
 
     lines += _length_section(evals)
+    lines += _search_section(evals)
     groups = defaultdict(list)
     for e in evals:
         groups[(e.run, e.method)].append(e.metrics["accuracy"])
@@ -225,6 +226,22 @@ def _length_section(evals: list[Evaluation]) -> list[str]:
             "Accuracy on the test items whose gold decomposition has that many subtasks (metrics.json "
             "`accuracy_by_gold_subtasks`).", "",
             _table(["run", "seed", "method"] + [f"{k} subtasks" for k in lengths], rows), ""]
+
+
+def _search_section(evals: list[Evaluation]) -> list[str]:
+    """The search tool's figures, when the evaluations used it (metrics.json from 07)."""
+    have = [e for e in evals if "searches_per_subtask" in e.metrics]
+    if not have:
+        return []
+    rows = [[e.run, fmt(e.seed), e.method, fmt(e.metrics["searches_per_subtask"], 2),
+             fmt(e.metrics.get("retrieval_hit_rate")), fmt(e.metrics.get("accuracy_hit")),
+             fmt(e.metrics.get("accuracy_miss"))]
+            for e in sorted(have, key=lambda e: (e.run, method_key(e.method), e.seed or 0))]
+    return ["### Search", "",
+            "Searches per subtask; retrieval hit: every gold fact of the item was among some search's top-k "
+            "passages; accuracy on the items where retrieval hit and where it missed (— where there were none).",
+            "", _table(["run", "seed", "method", "searches / subtask", "retrieval hit rate", "accuracy (hit)",
+                        "accuracy (miss)"], rows), ""]
 
 
 def _paired_section(tests: list[dict], resamples: int) -> list[str]:

@@ -2,7 +2,7 @@
 
 With no arguments (the embedded default) it works offline: it checks the committed `tiny-arith`
 base model against its manifest (rebuilding it by its recipe if it is missing or altered) and
-writes the `synthetic_arith` dataset from configs/data/synthetic_arith.yaml.
+writes the synthetic datasets from configs/data/synthetic_arith.yaml and synthetic_lookup.yaml.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def ensure_synthetic(config: Path) -> None:
     cfg = from_dict(DataConfig, tree, str(config))
     out = repo_path(cfg.path)
     m = write_dataset(cfg, out)
-    print(f"synthetic_arith: wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} "
+    print(f"{cfg.name}: wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} "
           f"{m['counts']}")
 
 
@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", help="hub id of a real base model, saved under models/<name>")
     ap.add_argument("--dataset", help="gsm8k | finqa | hotpotqa, saved under data/<name>")
     ap.add_argument("--rebuild-model", action="store_true", help="re-run the tiny-arith pretraining recipe")
-    ap.add_argument("--data-config", type=Path, default=ROOT / "configs" / "data" / "synthetic_arith.yaml",
-                    help="data config for the synthetic dataset")
+    ap.add_argument("--data-config", type=Path, action="append",
+                    help="data config of a synthetic dataset to write (repeatable; default: both embedded ones)")
     args = ap.parse_args(argv)
     try:
         if args.model or args.dataset:
@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 3
             return 0
         ensure_base(args.rebuild_model)
-        ensure_synthetic(args.data_config)
+        for config in args.data_config or [ROOT / "configs" / "data" / f"{n}.yaml"
+                                           for n in ("synthetic_arith", "synthetic_lookup")]:
+            ensure_synthetic(config)
     except (ConfigError, ValueError) as exc:
         print(f"download.sh: error: {exc}", file=sys.stderr)
         return 2

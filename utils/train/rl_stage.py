@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from utils.agent.retrieval import run_retriever
 from utils.agent.rollout import Codec, Rollout, RolloutSpec
 from utils.agent.traces import read_trace_examples
 from utils.core.checkpoint import save_weights
@@ -83,7 +84,8 @@ def build_trainer(cfg, adapter: Path, traces: Path, train_path: Path, spec_path:
     if cfg.algorithm.rl.kl_coef > 0:
         add_reference(model, adapter)  # the KL reference is where RL starts: the SFT warmup adapter
     engine = make_engine(cfg.model.engine.name, base, cfg.model.engine, cfg.seed)
-    rollout = Rollout(engine, Codec(tok, cfg.model.templates), RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature))
+    rollout = Rollout(engine, Codec(tok, cfg.model.templates), RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature),
+                      run_retriever(cfg))
     return GrpoTrainer(cfg, model, engine, rollout, read_spec(spec_path), read_jsonl(train_path),
                        read_trace_examples(traces), tok.pad_token_id, out, logger, config_sha)
 
