@@ -11,6 +11,7 @@ import sys
 
 from utils.core.cli import parse_stage_args
 from utils.data.checks import check_dataset, summarize
+from utils.data.prepare import CONTEXT_CORPUS
 from utils.core.manifest import StageRun, atomic_write_json
 from utils.core.schema import repo_path
 from utils.core.stages import StageError, run_main, stage_config, stage_dir
@@ -36,7 +37,7 @@ def main(argv=None) -> int:
         rep = check_dataset(cfg.data.name, root, cfg.data.scorer)
         for path in rep.files.values():
             run.add_input(path)
-        if cfg.tool.retriever != "none":  # the search tool's corpus: every row checked, then hashed
+        if cfg.tool.retriever != "none" and cfg.tool.corpus != CONTEXT_CORPUS:  # the tool's corpus: checked, hashed
             from utils.agent.retrieval import read_corpus
 
             run.metrics["corpus_docs"] = len(read_corpus(root / cfg.tool.corpus))

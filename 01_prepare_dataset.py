@@ -20,7 +20,7 @@ from utils.core.manifest import StageRun, path_sha256
 from utils.core.schema import repo_path
 from utils.core.stages import StageError, model_dir, parent, run_main, stage_config, stage_dir
 from utils.data.adapters import get_adapter
-from utils.data.prepare import PrepareError, prepare_splits
+from utils.data.prepare import CONTEXT_CORPUS, PrepareError, context_to_corpus, prepare_splits
 
 STAGE = "01_prepare_dataset"
 
@@ -58,13 +58,12 @@ def _fit(cfg, tok, row) -> int:
     return int(cut is not None)
 
 
-def _build_index(cfg, run, out) -> None:
+def _build_index(cfg, run, out, corpus) -> None:
     from utils.agent.retrieval import build_index
 
     tmp, final = out / "index.tmp", out / "index"
     shutil.rmtree(tmp, ignore_errors=True)
-    info = build_index(cfg.tool.retriever, repo_path(cfg.data.path) / cfg.tool.corpus, tmp,
-                       embedding_model=cfg.tool.embedding_model)
+    info = build_index(cfg.tool.retriever, corpus, tmp, embedding_model=cfg.tool.embedding_model)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     run.add_output(final)
@@ -78,8 +77,13 @@ def main(argv=None) -> int:
         _, checked = parent(run, cfg, "00_check_data")
         for path in checked["inputs"]:
             run.add_input(repo_path(path))
+        corpus = repo_path(cfg.data.path) / cfg.tool.corpus
         try:
             splits, stats = prepare_splits(_load_checked_raw(cfg, checked), cfg.data)
+            if cfg.tool.retriever != "none" and cfg.tool.corpus == CONTEXT_CORPUS:
+                corpus = out / "corpus.jsonl"
+                write_jsonl(corpus, context_to_corpus(splits))
+                run.add_output(corpus)
         except PrepareError as exc:
             raise StageError(str(exc)) from None
         from transformers import AutoTokenizer
@@ -96,7 +100,7 @@ def main(argv=None) -> int:
             run.metrics[f"rows_{split}"] = len(rows)
         run.metrics.update(stats)
         if cfg.tool.retriever != "none":
-            _build_index(cfg, run, out)
+            _build_index(cfg, run, out, corpus)
     print(f"{STAGE}: wrote " + ", ".join(f"{s} {len(r)}" for s, r in splits.items()) + f" -> {out}")
     return 0
 

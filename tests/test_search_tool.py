@@ -17,7 +17,7 @@ from utils.agent.rollout import Codec, Rollout, RolloutSpec
 from utils.agent.traces import examples_from_trace, trace_from_row
 from utils.core.io import DataError
 from utils.core.schema import DataConfig, TemplatesConfig
-from utils.data.lookup import generate_lookup
+from utils.data.lookup import CRATES, generate_lookup
 from utils.data.synthetic import write_dataset
 
 INFO = RolloutSpec().information
@@ -32,7 +32,7 @@ def tok(base_dir):
 def lookup(tmp_path_factory):
     """A small synthetic_lookup dataset on disk and its bm25 index."""
     root = tmp_path_factory.mktemp("lookup")
-    write_dataset(DataConfig(name="synthetic_lookup", seed=7, n_train=300, n_val=0, n_test=16, min_steps=2,
+    write_dataset(DataConfig(name="synthetic_lookup", seed=7, n_train=300, n_val=10, n_test=16, min_steps=2,
                              max_steps=3, operand_max=40), root / "data")
     build_index("bm25", root / "data" / "corpus.jsonl", root / "index")
     return root
@@ -82,16 +82,16 @@ def test_unknown_retriever_lists_the_valid_ones(tmp_path, lookup):
 def test_bm25_puts_the_gold_fact_first_and_round_trips(lookup):
     docs = read_corpus(lookup / "data" / "corpus.jsonl")
     retriever = load_index(lookup / "index", max_query_chars=40)
-    for doc in random.Random(0).sample(docs, 60):
-        crate, attr = doc.id.split(".")
+    for doc in random.Random(0).sample(docs, 60):  # names c10-c99: a search names its crate
+        crate, attr = doc.id.split(":")
         hits = retriever.search(doc.id, 2)
         assert hits[0] == doc and hits[0].render() == f"{crate}: {doc.text}"
-        assert hits[1].id == f"{crate}.{'p' if attr == 'w' else 'w'}"  # the same crate's other fact
+        assert hits[1].id == f"{crate}:{'p' if attr == 'w' else 'w'}"  # the same crate's other fact
     assert retriever.search("nothing known here", 2) == []
     with pytest.raises(QueryTooLong, match="41 characters exceeds tool.max_query_chars=40"):
         retriever.search("x" * 41, 2)
     info = json.loads((lookup / "index" / "index.json").read_text())
-    assert info["retriever"] == "bm25" and info["docs"] == len(docs) == 600
+    assert info["retriever"] == "bm25" and info["docs"] == len(docs) == 2 * CRATES
 
 
 def _char_bag(texts):
@@ -121,7 +121,7 @@ def test_dense_index_and_search_on_built_vectors(tmp_path):
 
 
 def test_dense_embedder_runs_on_a_local_model_and_refuses_a_missing_one(base_dir, tmp_path):
-    vectors = HFEmbedder(str(base_dir))(["c417.w", "c233.p", "x"])
+    vectors = HFEmbedder(str(base_dir))(["c417:w", "c233:p", "x"])
     assert vectors.shape == (3, 128) and np.isfinite(vectors).all()
     with pytest.raises(FileNotFoundError, match="tool.embedding_model: no model at"):
         HFEmbedder(str(tmp_path / "nowhere"))
@@ -129,10 +129,10 @@ def test_dense_embedder_runs_on_a_local_model_and_refuses_a_missing_one(base_dir
 
 # ------------------------------------------------------------------ the tool step in the rollout
 
-ROW = {"id": "q1", "question": "c417.w+3", "answers": ["26"]}
-PLANNER = ["<think>c417.w+3</think><task>c417.w</task>", "<think>23+3</think><task>23+3</task>",
+ROW = {"id": "q1", "question": "c417:w+3", "answers": ["26"]}
+PLANNER = ["<think>c417:w+3</think><task>c417:w</task>", "<think>23+3</think><task>23+3</task>",
            "<think>26</think><answer>26</answer>"]
-SEARCHING = ["<think>c417.w</think><search>c417.w</search>", "<think>23</think><answer>23</answer>",
+SEARCHING = ["<think>c417:w</think><search>c417:w</search>", "<think>23</think><answer>23</answer>",
              "<think>23+3=26</think><answer>26</answer>"]
 
 
@@ -161,7 +161,7 @@ def _tool_rollout(hf_base, tok, executor, retriever, max_searches=2):
 def _passages(weight):
     from utils.agent.retrieval import Passage
 
-    return [Passage("c417.w", "c417", f"w={weight}"), Passage("c417.p", "c417", "p=5")]
+    return [Passage("c417:w", "c417", f"w={weight}"), Passage("c417:p", "c417", "p=5")]
 
 
 def test_search_injects_information_into_the_executor_context_only(hf_base, tok):
@@ -170,8 +170,8 @@ def test_search_injects_information_into_the_executor_context_only(hf_base, tok)
     assert ep.status == "answered" and ep.final_answer == "26"
     assert [s.role for s in ep.segments] == ["planner", "executor", "executor", "planner", "executor", "planner"]
     assert ep.n_subtasks == 2 and ep.format_score == 1.0
-    assert retriever.queries == ["c417.w"]
-    assert ep.searches == [{"turn": 0, "query": "c417.w", "docs": ["c417.w", "c417.p"], "error": None}]
+    assert retriever.queries == ["c417:w"]
+    assert ep.searches == [{"turn": 0, "query": "c417:w", "docs": ["c417:w", "c417:p"], "error": None}]
     first, second = ep.segments[1], ep.segments[2]
     info = "<information>c417: w=23\nc417: p=5</information>\n"
     assert second.context_ids == first.context_ids + first.gen_ids + tok.encode(info, add_special_tokens=False)
@@ -254,7 +254,7 @@ def test_lookup_task_needs_the_corpus(lookup):
     splits, corpus = generate_lookup(DataConfig(name="synthetic_lookup", seed=7, n_train=50, n_val=5, n_test=5,
                                                 min_steps=2, max_steps=6, operand_max=40))
     values = {r["id"]: r["text"] for r in corpus}
-    assert len(corpus) == 600 and len({r["id"] for r in corpus}) == 600
+    assert len(corpus) == len({r["id"] for r in corpus}) == 2 * CRATES
     for row in splits["train"]:
         lookups = [s for s in row["steps"] if "search" in s]
         assert lookups and all(values[s["fact"]].endswith(f"={s['result']}") for s in lookups)
@@ -283,3 +283,65 @@ def test_tool_rollouts_are_token_identical_on_vllm_and_hf(lookup, base_dir, vllm
     for a, b in zip(v, h):
         assert [(s.role, s.gen_ids) for s in a.segments] == [(s.role, s.gen_ids) for s in b.segments]
         assert (a.searches, a.status, a.final_answer) == (b.searches, b.status, b.final_answer)
+
+
+def _stage_data(stage, outputs, data, *args):
+    import importlib
+
+    from utils.core.stages import run_main
+
+    mod = importlib.import_module(stage)
+    return run_main(stage, lambda: mod.main(["--set", f"outputs_dir={outputs}", "--run_id", "t", "--data", data,
+                                             *args]))
+
+
+def _stage(stage, outputs, *args):
+    return _stage_data(stage, outputs, "synthetic_lookup", *args)
+
+
+def test_stages_check_the_corpus_and_hash_the_index(lookup, tmp_path, capsys):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(lookup / "data", data)
+    sizes = ["--set", f"data.path={data}", "--set", "data.seed=7", "--set", "data.n_train=300",
+             "--set", "data.n_val=10", "--set", "data.n_test=16", "--set", "data.max_steps=3"]
+    out = tmp_path / "outputs"
+    for stage in ("00_check_data", "01_prepare_dataset"):
+        assert _stage(stage, out, *sizes) == 0, capsys.readouterr().err
+    m0 = json.loads((out / "t" / "00_check_data" / "manifest.json").read_text())
+    m1 = json.loads((out / "t" / "01_prepare_dataset" / "manifest.json").read_text())
+    assert any(p.endswith("corpus.jsonl") for p in m0["inputs"]) and m0["metrics"]["corpus_docs"] == 2 * CRATES
+    assert m1["config"]["tool"]["retriever"] == "bm25" and m1["metrics"]["index_docs"] == 2 * CRATES
+    index = out / "t" / "01_prepare_dataset" / "index"
+    assert any(p.endswith("01_prepare_dataset/index") for p in m1["outputs"]) and (index / "index.json").is_file()
+    assert not (out / "t" / "01_prepare_dataset" / "index.tmp").exists()
+    # a corpus row broken after the fact: 00 names the file, the row and the field
+    rows = (data / "corpus.jsonl").read_text().splitlines()
+    rows[4] = json.dumps({"id": "c1:w", "title": "c1"})
+    (data / "corpus.jsonl").write_text("\n".join(rows) + "\n")
+    assert _stage("00_check_data", out, *sizes) == 1
+    assert f"{data / 'corpus.jsonl'}, row 5, field 'text': missing field" in capsys.readouterr().err
+
+
+def test_hotpotqa_paragraphs_become_the_corpus_and_bridge_traces_search(tmp_path, capsys):
+    """The CoDA setting (--data hotpotqa_search): 01 writes every context paragraph of the native
+    fixture as a passage and indexes it, prompts lose their context, and the bridge question's
+    gold trace searches each hop and finds its supporting paragraph."""
+    fixture = Path(__file__).parent / "fixtures" / "hotpotqa"
+    out = tmp_path / "outputs"
+    args = ["--set", f"data.path={fixture}", "--set", "data.n_val=1", "--set", "data.n_test=1"]
+    for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces"):
+        assert _stage_data(stage, out, "hotpotqa_search", *args) == 0, capsys.readouterr().err
+    prep = out / "t" / "01_prepare_dataset"
+    corpus = [json.loads(x) for x in (prep / "corpus.jsonl").read_text().splitlines()]
+    titles = {p["id"] for p in corpus}
+    assert {"Ida Lorne", "Brenfold", "Marlow Glass Works", "Kestrel Hotel"} <= titles and len(titles) == len(corpus)
+    rows = [json.loads(x) for s in ("train", "val", "test") for x in (prep / f"{s}.jsonl").read_text().splitlines()]
+    assert all(r["context"] is None and "context:" not in r["prompt"] for r in rows)
+    bridge = next(r for r in rows if r["id"] == "hp-train-0002")
+    assert bridge["meta"]["facts"] == ["Marlow Glass Works", "Brenfold"]
+    (trace,) = [json.loads(x) for x in (out / "t" / "03_generate_sft_traces" / "sft_traces.jsonl").read_text().splitlines()]
+    first, second = (text for _, text in trace["executor_calls"])
+    assert "<search>" in first and "Marlow Glass Works: The Marlow Glass Works stood in Brenfold." in first
+    assert first.endswith("<answer>Brenfold</answer>") and "Brenfold: Brenfold is a market town on the Tessel." in second

@@ -221,7 +221,8 @@ class RewardConfig:
 class ToolConfig:
     retriever: str = field("none", "The executor's search tool: none (no tool), bm25 or dense. Set by a data "
                                    "tier that needs it (configs/data/synthetic_lookup.yaml).", RETRIEVER_NAMES)
-    corpus: str = field("corpus.jsonl", "Corpus file, JSONL of {id, title, text}, relative to data.path.")
+    corpus: str = field("corpus.jsonl", "Corpus file, JSONL of {id, title, text}, relative to data.path; \"@context\": "
+                                        "the rows' own context paragraphs (HotpotQA), built by 01.")
     top_k: int = field(2, "Passages returned per search.")
     max_searches: int = field(2, "Searches allowed per subtask; one more ends the episode (executor_error).")
     max_query_chars: int = field(200, "Longest query searched; a longer one gets an information block saying so.")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from utils.core.io import DataError, read_records, require, type_name
-from utils.data.decompose import finqa_program_steps, gsm8k_annotation_steps, hotpot_bridge_steps
+from utils.data.decompose import finqa_program_steps, gsm8k_annotation_steps, hotpot_bridge_hops, hotpot_bridge_steps
 
 SPLIT_FILES = {"train": ("train",), "val": ("val", "dev", "validation"), "test": ("test",)}
 SPLITS = tuple(SPLIT_FILES)
@@ -155,9 +155,10 @@ def _hotpotqa(path: Path, row: int, obj: dict, split: str) -> Row:
     answer = require(obj, "answer", str, path, row)
     paragraphs = _hotpot_paragraphs(obj["context"], path, row) if "context" in obj else []
     context = "\n".join(f"{title}: {text}" for title, text in paragraphs) or None
-    gold = hotpot_bridge_steps(question, answer, obj.get("type"), obj.get("supporting_facts"), paragraphs)
-    return Row(rid, question, [answer], context, None,
-               {"type": obj.get("type"), "level": obj.get("level"), **_gold(gold)})
+    hops, _ = hotpot_bridge_hops(obj.get("type"), obj.get("supporting_facts"), paragraphs)
+    gold = _gold(hotpot_bridge_steps(question, answer, obj.get("type"), obj.get("supporting_facts"), paragraphs))
+    return Row(rid, question, [answer], context, None, {"type": obj.get("type"), "level": obj.get("level"),
+                                                        **({"hop_titles": list(hops)} if hops else {}), **gold})
 
 
 @dataclass(frozen=True)

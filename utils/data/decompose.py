@@ -151,22 +151,31 @@ def gsm8k_annotation_steps(answer_text: str, final: str) -> tuple[Steps, str | N
 
 # ---------------------------------------------------------------- HotpotQA hops
 
-def hotpot_bridge_steps(question: str, answer: str, qtype, supporting, paragraphs: list[tuple[str, str]]
-                        ) -> tuple[Steps, str | None]:
+def hotpot_bridge_hops(qtype, supporting, paragraphs: list[tuple[str, str]]) -> tuple[tuple[str, str] | None, str | None]:
+    """((first paragraph's title, bridge paragraph's title), None) of a bridge question, or (None, why not)."""
     if qtype != "bridge":
-        return [], f"{qtype or 'untyped'} question: hops without intermediate values in the data"
+        return None, f"{qtype or 'untyped'} question: hops without intermediate values in the data"
     if isinstance(supporting, dict):  # the hub's form: {title: [...], sent_id: [...]}
         supporting = [[t] for t in supporting.get("title") or [] if isinstance(t, str)]
     if not isinstance(supporting, list):
-        return [], "no supporting_facts"
+        return None, "no supporting_facts"
     titles = list(dict.fromkeys(f[0] for f in supporting if isinstance(f, list) and f and isinstance(f[0], str)))
     if len(titles) != 2:
-        return [], f"{len(titles)} supporting paragraphs (two hops need 2)"
+        return None, f"{len(titles)} supporting paragraphs (two hops need 2)"
     text = dict(paragraphs)
     first = [t for t, other in (titles, titles[::-1]) if other.lower() in text.get(t, "").lower()]
     if len(first) != 1:
-        return [], "no supporting paragraph names the other (bridge entity not found)"
+        return None, "no supporting paragraph names the other (bridge entity not found)"
     a = first[0]
-    b = titles[1] if a == titles[0] else titles[0]
+    return (a, titles[1] if a == titles[0] else titles[0]), None
+
+
+def hotpot_bridge_steps(question: str, answer: str, qtype, supporting, paragraphs: list[tuple[str, str]]
+                        ) -> tuple[Steps, str | None]:
+    """The two hops: from paragraph a to the bridge entity b (b's title), then from b to the answer."""
+    hops, why = hotpot_bridge_hops(qtype, supporting, paragraphs)
+    if hops is None:
+        return [], why
+    a, b = hops
     return [(f'In "{a}", which entity does this question lead to? {question}', b),
             (f"About {b}: {question}", answer)], None

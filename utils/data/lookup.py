@@ -1,16 +1,20 @@
 """Writes the `synthetic_lookup` dataset: questions whose operands exist only in a generated corpus.
 
 The corpus (`corpus.jsonl`, `{id, title, text}`) lists two facts about each of `CRATES` crates, its
-weight `w` and its price `p`: `{"id": "c417.w", "title": "c417", "text": "w=23"}`, which the
-executor reads as `c417: w=23`. A question combines one to three looked-up values with at most one
-constant, e.g. `c417.w+c233.p-5` ("the weight of crate c417 plus the price of crate c233, minus
+weight `w` and its price `p`: `{"id": "c41:w", "title": "c41", "text": "w=23"}`, which the
+executor reads as `c41: w=23`. A question combines one to three looked-up values with at most one
+constant, e.g. `c41:w+c23:p-5` ("the weight of crate c41 plus the price of crate c23, minus
 5"). The notation is compact on purpose: the tiny base model is pretrained on arithmetic only, so
-digits are what it copies reliably, and a planner turn must fit its token budget. The gold
+digits are what it copies reliably (names are a letter and two digits, no longer than the numbers
+it was pretrained on), and every character of the notation is one its pretraining
+text used (a character it never saw, such as ".", has an untrained output row, and sampling then
+scatters probability over all the other unseen characters), and a planner turn must fit its
+token budget. The gold
 decomposition looks up every value first (a step with a `search` query and the `fact` it needs),
 then works the arithmetic left to right:
 
-    c417.w   (search "c417.w", fact c417.w) -> 23
-    c233.p   (search "c233.p", fact c233.p) -> 12
+    c41:w   (search "c41:w", fact c41:w) -> 23
+    c23:p   (search "c23:p", fact c23:p) -> 12
     23+12    -> 35
     35-5     -> 30
 
@@ -26,20 +30,20 @@ import random
 
 from utils.core.schema import DataConfig
 
-CRATES = 300
+CRATES = 90  # every name from c10 to c99
 ATTRIBUTES = ("w", "p")  # weight, price
 
 
 def make_corpus(rng: random.Random, value_max: int) -> dict[str, int]:
-    """fact id ("c417.w") -> value, for CRATES distinct crate names."""
-    names = rng.sample(range(100, 1000), CRATES)
-    return {f"c{n}.{a}": rng.randint(1, value_max) for n in names for a in ATTRIBUTES}
+    """fact id ("c41:w") -> value, for CRATES distinct crate names ("c" and two digits)."""
+    names = rng.sample([f"c{n}" for n in range(10, 100)], CRATES)
+    return {f"{n}:{a}": rng.randint(1, value_max) for n in names for a in ATTRIBUTES}
 
 
 def corpus_rows(facts: dict[str, int]) -> list[dict]:
     rows = []
     for fid, value in facts.items():
-        name, attr = fid.split(".")
+        name, attr = fid.split(":")
         rows.append({"id": fid, "title": name, "text": f"{attr}={value}"})
     return rows
 

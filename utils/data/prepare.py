@@ -87,3 +87,29 @@ def prepare_splits(raw: dict[str, list[Row]], cfg: DataConfig) -> tuple[dict[str
         if len(splits[split]) < before:
             stats["capped"][split] = f"{before} -> {len(splits[split])}"
     return splits, stats
+
+
+CONTEXT_CORPUS = "@context"  # tool.corpus: the rows' own context paragraphs become the search corpus
+
+
+def context_to_corpus(splits: dict[str, list[Row]]) -> list[dict]:
+    """The CoDA setting for datasets whose rows carry their evidence (HotpotQA's paragraphs): every
+    context line `title: text` of every split becomes a passage (one per title, the first seen),
+    the rows lose their context (the executor must search for it), and a row whose gold hops name
+    their paragraphs (`meta.hop_titles`) gets each hop's search (its subtask) and gold fact."""
+    corpus: dict[str, dict] = {}
+    for rows in splits.values():
+        for row in rows:
+            for line in (row.context or "").split("\n"):
+                title, sep, text = line.partition(": ")
+                if sep and text.strip() and title not in corpus:
+                    corpus[title] = {"id": title, "title": title, "text": text}
+            row.context = None
+            hops = row.meta.get("hop_titles")
+            if hops and len(hops) == len(row.meta.get("steps", [])):
+                for step, title in zip(row.meta["steps"], hops):
+                    step.update(search=step["task"], fact=title)
+                row.meta["facts"] = list(hops)
+    if not corpus:
+        raise PrepareError(f"tool.corpus={CONTEXT_CORPUS}: no row has a context line 'title: text' to search")
+    return list(corpus.values())
