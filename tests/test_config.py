@@ -102,7 +102,8 @@ def test_describe_lists_every_leaf_with_help():
 
 @pytest.mark.parametrize("override,valid", [
     ("algorithm.rl.loss_agg=token_mean", "token-mean, seq-mean-token-mean, seq-mean-token-sum-norm"),
-    ("algorithm.rl.adv_scaling=std", "group, batch, none"),
+    ("algorithm.rl.adv_scaling=std", "group, batch, none, rloo"),
+    ("algorithm.rl.policy_loss=ppo", "ppo_clip, gspo"),
     ("model.engine.name=sglang", "vllm, hf"),
     ("data.scorer=bleu", "em, f1, cem, numeric"),
     ("traces.source=silver", "gold, solution, teacher"),
@@ -120,11 +121,12 @@ def test_choice_lists_agree_with_the_registries():
     from utils.core.methods import METHODS
     from utils.data.adapters import ADAPTERS
     from utils.reward.scorers import SCORERS
-    from utils.train.losses import ADVANTAGES, AGGREGATIONS
+    from utils.train.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 
     assert set(schema.ENGINE_NAMES) == set(ENGINES)
     assert set(schema.LOSS_AGGS) == set(AGGREGATIONS)
     assert set(schema.ADV_SCALINGS) == set(ADVANTAGES)
+    assert set(schema.POLICY_LOSS_NAMES) == set(POLICY_LOSSES)
     assert set(schema.SCORER_NAMES) == set(SCORERS)
     assert set(schema.ADAPTER_NAMES) == set(ADAPTERS)
     algorithms = {p.stem for p in (CONFIG_DIR / "algorithms").glob("*.yaml")}
@@ -140,6 +142,11 @@ def test_choice_lists_agree_with_the_registries():
     ("matched_sft", "algorithm.red.G=5", None),
     ("grpo", "algorithm.sft.enabled=true", None),
     ("sft", "algorithm.rl.enabled=true", None),
+    ("grpo", "algorithm.rl.adv_scaling=rloo", "rloo"),
+    ("rloo", "algorithm.rl.adv_scaling=none", "grpo"),
+    ("red", "algorithm.rl.adv_scaling=rloo", None),
+    ("grpo", "algorithm.rl.policy_loss=gspo", "gspo"),
+    ("gspo", "algorithm.rl.policy_loss=ppo_clip", "grpo"),
 ])
 def test_a_method_label_that_contradicts_its_flags_is_refused(algorithm, override, implied):
     with pytest.raises(ConfigError) as err:

@@ -4,8 +4,9 @@ import math
 import pytest
 import torch
 
-from utils.train.losses import (AGGREGATIONS, RedState, advantages, aggregate, gather_logprobs, k3_kl, ppo_clip_loss,
-                          red_update, red_weights, sft_cross_entropy, token_entropy)
+from utils.train.losses import (AGGREGATIONS, POLICY_LOSSES, RedState, advantages, aggregate, gather_logprobs,
+                                gspo_loss, k3_kl, policy_loss, ppo_clip_loss, red_update, red_weights,
+                                sft_cross_entropy, tis_weights, token_entropy)
 
 MASK = torch.tensor([[1., 1., 1., 0.], [1., 1., 0., 0.]])
 X = torch.tensor([[1., 2., 3., 100.], [4., 6., 100., 100.]])
@@ -39,6 +40,25 @@ def test_advantage_loop_matches_vectorised():
 
 def test_single_sample_groups_get_zero_advantage():
     assert advantages("group", torch.tensor([1., 2.]), 1).tolist() == [0.0, 0.0]
+    assert advantages("rloo", torch.tensor([1., 2.]), 1).tolist() == [0.0, 0.0]
+
+
+def test_rloo_advantage_by_hand():
+    # group [1, 3, 5, 5]: the others' means are 13/3, 11/3, 3, 3 -> [-10/3, -2/3, 2, 2]
+    #   (= n/(n-1)·(r - mean) = 4/3·[-2.5, -0.5, 1.5, 1.5]);
+    # group [0, 2, 4, 6]: others' means 4, 10/3, 8/3, 2 -> [-4, -4/3, 4/3, 4]
+    adv = advantages("rloo", torch.tensor([1., 3., 5., 5., 0., 2., 4., 6.]), 4)
+    torch.testing.assert_close(adv, torch.tensor([-10 / 3, -2 / 3, 2., 2., -4., -4 / 3, 4 / 3, 4.]))
+
+
+def test_rloo_loop_matches_vectorised():
+    torch.manual_seed(4)
+    r = torch.randn(24)
+    loop = []
+    for g in range(6):
+        grp = r[g * 4:(g + 1) * 4].tolist()
+        loop += [x - (sum(grp) - x) / 3 for x in grp]
+    torch.testing.assert_close(advantages("rloo", r, 4), torch.tensor(loop), atol=1e-5, rtol=0)
 
 
 def test_aggregations_by_hand():
@@ -51,8 +71,10 @@ def test_aggregations_by_hand():
 def test_unknown_names_list_the_valid_ones():
     with pytest.raises(KeyError, match="valid: seq-mean-token-mean, seq-mean-token-sum-norm, token-mean"):
         aggregate("sum", X, MASK)
-    with pytest.raises(KeyError, match="valid: batch, group, none"):
-        advantages("rloo", torch.zeros(4), 2)
+    with pytest.raises(KeyError, match="valid: batch, group, none, rloo"):
+        advantages("gae", torch.zeros(4), 2)
+    with pytest.raises(KeyError, match="unknown policy loss 'dpo'; valid: gspo, ppo_clip"):
+        policy_loss("dpo", X, X, torch.zeros(2), MASK, 0.2, 0.28, "token-mean")
 
 
 def test_ppo_clip_by_hand():
@@ -84,21 +106,124 @@ def test_ppo_loop_matches_vectorised():
     assert loss.item() == pytest.approx(sum(float(x) for x in per_seq) / 3, abs=1e-5)
 
 
+@pytest.mark.parametrize("loss", sorted(POLICY_LOSSES))
 @pytest.mark.parametrize("agg", sorted(AGGREGATIONS))
-def test_masked_tokens_cannot_change_the_loss_or_its_gradients(agg):
+def test_masked_tokens_cannot_change_the_loss_or_its_gradients(agg, loss):
     torch.manual_seed(2)
-    old, adv = torch.randn(2, 4), torch.tensor([0.7, -1.2])
+    old, adv, sampler = torch.randn(2, 4), torch.tensor([0.7, -1.2]), torch.randn(2, 4)
     a = torch.randn(2, 4, requires_grad=True)
     b = a.detach().clone()
     b[MASK == 0] += torch.randn(int((MASK == 0).sum())) * 5  # change only masked positions
     b.requires_grad_(True)
-    la, _ = ppo_clip_loss(a, old, adv, MASK, 0.2, 0.28, agg)
-    lb, _ = ppo_clip_loss(b, old, adv, MASK, 0.2, 0.28, agg)
+    old_b, sampler_b = old.clone(), sampler.clone()
+    old_b[MASK == 0] += 3.0  # the old and sampler log-probs of masked positions are garbage too
+    sampler_b[MASK == 0] -= 3.0
+    la, _ = policy_loss(loss, a, old, adv, MASK, 0.2, 0.28, agg, sampler_logp=sampler, tis_cap=2.0)
+    lb, _ = policy_loss(loss, b, old_b, adv, MASK, 0.2, 0.28, agg, sampler_logp=sampler_b, tis_cap=2.0)
     la.backward()
     lb.backward()
     assert la.item() == pytest.approx(lb.item(), abs=1e-7)
     torch.testing.assert_close(a.grad, b.grad)
     assert torch.all(a.grad[MASK == 0] == 0)
+
+
+def test_gspo_by_hand():
+    # row 0 trains 3 tokens with ratios [1.5, 0.5, 1.0]: s0 = (1.5·0.5·1)^(1/3) = 0.75^(1/3) = 0.90856;
+    # row 1 trains 2 tokens with ratios [1.2, 1.2]: s1 = 1.2. Clip range 0.05 / 0.1 -> [0.95, 1.1].
+    # A0 = -1: max(s0, clip(s0)) = max(0.90856, 0.95) = 0.95 (clipped)
+    # A1 = +1: max(-s1, -clip(s1)) = max(-1.2, -1.1) = -1.1 (clipped)
+    old = torch.zeros(2, 4)
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.0, 9.0], [1.2, 1.2, 9.0, 9.0]]))
+    adv = torch.tensor([-1., 1.])
+    loss, stats = gspo_loss(logp, old, adv, MASK, 0.05, 0.1, "seq-mean-token-mean")
+    assert loss.item() == pytest.approx((0.95 - 1.1) / 2, abs=1e-6)  # the paper's mean over sequences
+    assert stats["clip_frac"] == 1.0 and stats["ratio_mean"] == pytest.approx((0.75 ** (1 / 3) + 1.2) / 2, abs=1e-6)
+    loss, _ = gspo_loss(logp, old, adv, MASK, 0.05, 0.1, "token-mean")  # each sequence weighted by its length
+    assert loss.item() == pytest.approx((3 * 0.95 - 2 * 1.1) / 5, abs=1e-6)
+    # wide clip range: nothing clipped, loss = mean(-A·s) = (0.90856 - 1.2) / 2
+    loss, stats = gspo_loss(logp, old, adv, MASK, 0.5, 0.5, "seq-mean-token-mean")
+    assert loss.item() == pytest.approx((0.75 ** (1 / 3) - 1.2) / 2, abs=1e-6) and stats["clip_frac"] == 0.0
+
+
+def test_gspo_loop_matches_vectorised_with_its_gradient():
+    torch.manual_seed(5)
+    logp0, old = torch.randn(3, 5) * 0.3, torch.randn(3, 5) * 0.3
+    adv, mask = torch.randn(3), (torch.rand(3, 5) > 0.3).float()
+    mask[:, 0] = 1  # every sequence trains a token
+    logp = logp0.clone().requires_grad_(True)
+    loss, _ = gspo_loss(logp, old, adv, mask, 0.1, 0.15, "seq-mean-token-mean")
+    loss.backward()
+    ref = logp0.clone().requires_grad_(True)
+    terms = []
+    for b in range(3):
+        idx = [t for t in range(5) if mask[b, t]]
+        s = torch.exp(sum(ref[b, t] - old[b, t] for t in idx) / len(idx))
+        terms.append(torch.maximum(-adv[b] * s, -adv[b] * torch.clamp(s, 0.9, 1.15)))
+    loop = sum(terms) / 3
+    loop.backward()
+    assert loss.item() == pytest.approx(loop.item(), abs=1e-6)
+    torch.testing.assert_close(logp.grad, ref.grad)
+
+
+def test_gspo_on_policy_gradient_is_the_sequence_mean_of_token_gradients():
+    # one optimizer pass: old = logp (detached), s = 1, nothing clipped, and
+    # d/dlogp_t of -A·s = -A·s/|seq| on each trained token: each sequence's tokens share 1/|seq|
+    logp = torch.zeros(2, 4, requires_grad=True)
+    loss, stats = gspo_loss(logp, logp.detach(), torch.tensor([1., -2.]), MASK, 3e-4, 4e-4, "seq-mean-token-mean")
+    loss.backward()
+    assert stats["clip_frac"] == 0.0 and stats["ratio_mean"] == 1.0
+    # mean over 2 sequences: row 0 -1/3 per token (/2), row 1 +2/2 per token (/2)
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1 / 6, -1 / 6, -1 / 6, 0.], [0.5, 0.5, 0., 0.]]))
+
+
+def test_one_pass_gspo_and_rloo_are_rescalings_of_existing_choices():
+    """What the README says of them at one optimizer pass per batch: GSPO's gradient is PPO-clip's
+    under seq-mean-token-mean (both weight a sequence's tokens by 1/length), and RLOO's advantage is
+    Dr. GRPO's (`none`) times n/(n-1), a constant that Adam's normalisation all but cancels."""
+    torch.manual_seed(7)
+    logp0, adv, mask = torch.randn(3, 5), torch.randn(3), (torch.rand(3, 5) > 0.3).float()
+    grads = []
+    for name in ("gspo", "ppo_clip"):
+        logp = logp0.clone().requires_grad_(True)
+        loss, _ = policy_loss(name, logp, logp.detach(), adv, mask, 3e-4, 4e-4, "seq-mean-token-mean")
+        loss.backward()
+        grads.append(logp.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+    r = torch.randn(12)
+    torch.testing.assert_close(advantages("rloo", r, 4), advantages("none", r, 4) * 4 / 3)
+
+
+def test_truncated_importance_weights_by_hand():
+    # old - sampler: row 0 [ln 2, ln 0.5, 0, junk], row 1 [ln 1.2, ln 3, junk, junk]; cap 1.5
+    old = torch.log(torch.tensor([[2.0, 0.5, 1.0, 7.0], [1.2, 3.0, 7.0, 7.0]]))
+    sampler = torch.zeros(2, 4)
+    w = tis_weights(old, sampler, MASK, 1.5, "token")
+    torch.testing.assert_close(w[MASK == 1], torch.tensor([1.5, 0.5, 1.0, 1.2, 1.5]))
+    # per sequence: row 0 geometric mean (2·0.5·1)^(1/3) = 1; row 1 sqrt(1.2·3) = 1.897 -> capped 1.5
+    w = tis_weights(old, sampler, MASK, 1.5, "sequence")
+    torch.testing.assert_close(w, torch.tensor([[1.0] * 4, [1.5] * 4]))
+    # PPO-clip at ratio 1 (logp = old): per-token loss -A·w; A = [+1, -1]
+    # token-mean = (-(1.5 + 0.5 + 1.0) + (1.2 + 1.5)) / 5 = -0.06
+    loss, stats = policy_loss("ppo_clip", old, old, torch.tensor([1., -1.]), MASK, 0.2, 0.28, "token-mean",
+                              sampler_logp=sampler, tis_cap=1.5)
+    assert loss.item() == pytest.approx(-0.06, abs=1e-6)
+    assert stats["tis_weight_mean"] == pytest.approx(5.7 / 5) and stats["tis_clip_frac"] == pytest.approx(2 / 5)
+
+
+def test_tis_off_or_on_policy_leaves_the_loss_and_gradient_unchanged():
+    torch.manual_seed(6)
+    old, adv = torch.randn(2, 4), torch.tensor([0.7, -1.2])
+    for name in POLICY_LOSSES:
+        a = torch.randn(2, 4, requires_grad=True)
+        b = a.detach().clone().requires_grad_(True)
+        la, _ = policy_loss(name, a, old, adv, MASK, 0.2, 0.28, "token-mean")
+        lb, stats = policy_loss(name, b, old, adv, MASK, 0.2, 0.28, "token-mean", sampler_logp=old, tis_cap=2.0)
+        la.backward()
+        lb.backward()
+        assert la.item() == pytest.approx(lb.item(), abs=1e-7) and stats["tis_weight_mean"] == 1.0
+        torch.testing.assert_close(a.grad, b.grad)
+    with pytest.raises(ValueError, match="needs the sampler's log-probs"):
+        policy_loss("ppo_clip", old, old, adv, MASK, 0.2, 0.28, "token-mean", tis_cap=2.0)
 
 
 def test_masked_tokens_cannot_change_the_sft_loss_or_its_gradients():

@@ -102,13 +102,27 @@ def test_kl_reference_is_the_frozen_sft_start(hf_engine, protocol_adapter, tmp_p
     assert (policy / "adapter_model.safetensors").is_file() and not (policy / REFERENCE).exists()
 
 
+def test_truncated_importance_weights_are_one_when_the_sampler_is_on_policy(vllm_engine, protocol_adapter, tmp_path,
+                                                                         base_dir):
+    """TIS on the real trainer and vLLM: in fp32 the sampler's probabilities are the trainer's, so
+    every weight is 1 to within the mismatch tolerance and none is truncated."""
+    trainer = _trainer(_cfg("algorithm.rl.steps=2", "algorithm.rl.tis_cap=1.001",
+                            "algorithm.rl.temperature=0.7"), vllm_engine, protocol_adapter, tmp_path, base_dir)
+    for m in trainer.train():
+        assert abs(m["actor/tis_weight_mean"] - 1.0) < MISMATCH_TOL, m
+        assert m["actor/tis_clip_frac"] == 0.0 and m["rollout/logprob_mismatch"] < MISMATCH_TOL
+
+
 def test_a_stale_sampler_is_detected(vllm_engine, protocol_adapter, tmp_path, base_dir, monkeypatch):
-    trainer = _trainer(_cfg("algorithm.rl.lr=0.02"), vllm_engine, protocol_adapter, tmp_path, base_dir)
+    trainer = _trainer(_cfg("algorithm.rl.lr=0.02", "algorithm.rl.tis_cap=1.001"), vllm_engine, protocol_adapter,
+                       tmp_path, base_dir)
     vllm_engine.set_adapter(protocol_adapter)
     monkeypatch.setattr(vllm_engine, "set_adapter", lambda path: None)  # the bug: updates never reach vLLM
     history = trainer.train()
     assert history[0]["rollout/logprob_mismatch"] < MISMATCH_TOL  # step 1 samples the initial policy
     assert max(m["rollout/logprob_mismatch"] for m in history[1:]) > 10 * MISMATCH_TOL
+    assert history[0]["actor/tis_clip_frac"] == 0.0  # and TIS sees the stale sampler: ratios far from 1
+    assert max(m["actor/tis_clip_frac"] for m in history[1:]) > 0.0
 
 
 def test_non_finite_loss_skips_the_step(hf_engine, protocol_adapter, tmp_path, base_dir, monkeypatch):
@@ -162,7 +176,8 @@ def test_non_finite_gradient_or_reward_skips_and_k_in_a_row_stop(hf_engine, prot
 
 
 @pytest.mark.parametrize("method,has_sft,has_rl", [("red", True, True), ("fixed_sft", True, True),
-                                                   ("grpo", False, True), ("sft", True, False)])
+                                                   ("grpo", False, True), ("sft", True, False),
+                                                   ("rloo", False, True), ("gspo", False, True)])
 def test_methods_are_configs_of_one_trainer(method, has_sft, has_rl, hf_engine, protocol_adapter, tmp_path, base_dir):
     cfg = load_run_config(algorithm=method, overrides=["algorithm.rl.steps=1", "algorithm.rl.questions_per_step=2",
                                                        "algorithm.rl.n_samples=2", "algorithm.rl.dump_freq=0"])
@@ -174,6 +189,8 @@ def test_methods_are_configs_of_one_trainer(method, has_sft, has_rl, hf_engine, 
     if method == "red":
         acc = m["red/batch_accuracy"]
         assert m["red/accuracy_factor"] == pytest.approx(5.0 ** (1 - 2 * acc))
+    if method == "gspo":  # one pass per batch: every sequence ratio is exactly 1, nothing clipped
+        assert (m["actor/ratio_mean"], m["actor/clip_frac"]) == (1.0, 0.0)
     for k in ("time/weight_sync", "time/update"):
         assert k in m
 
@@ -267,3 +284,16 @@ def test_rl_batch_trains_the_roles_asked_for(base_dir):
         assert torch.equal(part.ids[:, :width], both.ids[keep][:, :width])
     with pytest.raises(ValueError, match="both, planner or executor"):
         build_rl_batch(episodes, adv, 0, "critic")
+
+
+def test_rl_questions_keep_rows_with_enough_gold_subtasks(tmp_path):
+    from utils.core.stages import StageError
+    from utils.train.rl_stage import rl_questions
+
+    rows = [{"id": f"r{i}", "meta": {"steps": [{}] * i}} for i in range(1, 7)] + [{"id": "bare", "meta": {}}]
+    path = tmp_path / "train.jsonl"
+    assert rl_questions(rows, load_run_config(), path) == rows  # 0: every row, in order
+    kept = rl_questions(rows, load_run_config(overrides=["algorithm.rl.min_subtasks=4"]), path)
+    assert [r["id"] for r in kept] == ["r4", "r5", "r6"]  # the row without a decomposition is left out
+    with pytest.raises(StageError, match=r"train.jsonl: no row has a gold decomposition of 7 or more subtasks"):
+        rl_questions(rows, load_run_config(overrides=["algorithm.rl.min_subtasks=7"]), path)

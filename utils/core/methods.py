@@ -10,6 +10,11 @@ file, the trainer's output folder (`05_train_red_grpo/<name>/`), the evaluation 
 `contradictions` refuses a config whose flags say another method than its `method` label, e.g.
 `--algorithm red --set algorithm.sft.enabled=false` (that is grpo, and must not be filed as red).
 
+`rloo` and `gspo` are grpo with another advantage (leave-one-out baseline) or another policy loss
+(one clipped ratio per sequence): the field's variants for comparison beside the RED study. They
+are not part of `09_driver.py --method all`, whose arms are the RED study's (`in_study`); they run
+by name on the same run and seeds, and 08 compares them with the rest.
+
 `matched_sft` is the weight-matched control for red: a constant SFT weight equal to α times red's
 mean `red/final_weight` over the same seed's red run, read from that run after it finishes. red vs
 fixed_sft mixes "dynamic" with "more SFT"; red vs matched_sft isolates the dynamics.
@@ -29,6 +34,9 @@ class Method:
     summary: str
     matched: bool = False  # algorithm.sft.match_red: the constant weight is red's mean weight (same seed)
     needs: tuple[str, ...] = ()  # methods whose outputs this one reads (the driver runs them first)
+    policy_loss: str = "ppo_clip"  # algorithm.rl.policy_loss
+    loo: bool = False  # algorithm.rl.adv_scaling is "rloo" (leave-one-out baseline) for this method only
+    in_study: bool = True  # one of the RED study's arms: run by `09_driver.py --method all`
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
@@ -39,7 +47,12 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "GRPO + constant SFT weight equal to red's mean weight in the same seed's run (G = 1)",
            matched=True, needs=("red",)),
     Method("sft", "05_train_red_grpo", False, True, None, "the SFT term alone, no rollouts"),
+    Method("rloo", "05_train_red_grpo", True, False, None, "GRPO with RLOO's leave-one-out advantage, no SFT term",
+           loo=True, in_study=False),
+    Method("gspo", "05_train_red_grpo", True, False, None, "GSPO: one clipped ratio per sequence, no SFT term",
+           policy_loss="gspo", in_study=False),
 )}
+STUDY = tuple(m.name for m in METHODS.values() if m.in_study)  # `09_driver.py --method all`
 BASE = "base"  # the bare base model, evaluated by 07
 SFT_WARMUP = "sft_warmup"  # 04's adapter, evaluated by 07
 CHECKPOINTS = (*METHODS, SFT_WARMUP, BASE)  # what 07 --checkpoint accepts by name, in report order
@@ -50,6 +63,11 @@ def contradictions(alg) -> list[str]:
     m = METHODS.get(alg.method)
     if m is None:
         return [f"unknown method '{alg.method}'"]
+    return contradictions_with(alg, m)
+
+
+def contradictions_with(alg, m: Method) -> list[str]:
+    """What in an AlgorithmConfig's flags contradicts method `m`'s (empty: the flags are m's)."""
     out = []
     if alg.rl.enabled != m.rl:
         out.append(f"algorithm.rl.enabled={str(alg.rl.enabled).lower()} (method '{m.name}' has it "
@@ -64,13 +82,17 @@ def contradictions(alg) -> list[str]:
     if alg.sft.match_red != m.matched:
         out.append(f"algorithm.sft.match_red={str(alg.sft.match_red).lower()} (method '{m.name}' has it "
                    f"{str(m.matched).lower()})")
+    if alg.rl.policy_loss != m.policy_loss:
+        out.append(f"algorithm.rl.policy_loss={alg.rl.policy_loss} (method '{m.name}' has {m.policy_loss})")
+    if (alg.rl.adv_scaling == "rloo") != m.loo:
+        want = "rloo" if m.loo else "group, batch or none"
+        out.append(f"algorithm.rl.adv_scaling={alg.rl.adv_scaling} (method '{m.name}' has {want})")
     return out
 
 
 def implied_method(alg) -> str | None:
     """The registered method whose flags the config has, if any."""
     for m in METHODS.values():
-        if alg.rl.enabled == m.rl and alg.sft.enabled == m.sft and alg.sft.match_red == m.matched and (
-                m.dynamic is None or (m.dynamic == (alg.red.G > 1))):
+        if not contradictions_with(alg, m):
             return m.name
     return None

@@ -21,7 +21,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 ENGINE_NAMES = ("vllm", "hf")  # utils/agent/engines.py ENGINES
 LORA_SERVING = ("adapter", "merged")  # utils/agent/engines.py VLLMEngine
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")  # utils/train/losses.py
-ADV_SCALINGS = ("group", "batch", "none")  # utils/train/losses.py ADVANTAGES
+ADV_SCALINGS = ("group", "batch", "none", "rloo")  # utils/train/losses.py ADVANTAGES
+POLICY_LOSS_NAMES = ("ppo_clip", "gspo")  # utils/train/losses.py POLICY_LOSSES
 SCORER_NAMES = ("em", "f1", "cem", "numeric")  # utils/reward/scorers.py SCORERS
 ADAPTER_NAMES = ("synthetic_arith", "synthetic_lookup", "gsm8k", "finqa", "hotpotqa")  # utils/data/adapters.py
 RETRIEVER_NAMES = ("none", "bm25", "dense")  # utils/agent/retrieval.py RETRIEVERS, or no tool
@@ -107,14 +108,23 @@ class RlConfig:
     steps: int = field(30, "Optimizer steps.")
     questions_per_step: int = field(16, "Questions per rollout batch (chosen on val with lr, README).")
     n_samples: int = field(4, "Samples per question (GRPO group size).")
+    min_subtasks: int = field(0, "RL questions: only train rows whose gold decomposition has at least this many "
+                                 "subtasks (0 = every row). SFT traces are unaffected (traces.*).")
     max_turns: int = field(8, "Planner turns before the episode is forced to end (gold needs subtasks + 1).")
     temperature: float = field(0.7, "Rollout sampling temperature (chosen on val, README).")
     lr: float = field(1e-4, "Learning rate (chosen on val: 5e-4 and 2e-4 lost accuracy, README).")
     clip_low: float = field(0.2, "PPO clip below 1.")
     clip_high: float = field(0.28, "PPO clip above 1 (clip-higher, as in DAPO).")
     loss_agg: str = field("token-mean", "How per-token losses are averaged.", LOSS_AGGS)
-    adv_scaling: str = field("none", "Advantage std scaling (none = Dr. GRPO: a 0.1 format gap is not "
-                                     "blown up to a correct answer's size; chosen on val, README).", ADV_SCALINGS)
+    adv_scaling: str = field("none", "Advantage: r - group mean scaled by the group's or batch's std, or "
+                                     "not (none = Dr. GRPO: a 0.1 format gap is not blown up to a correct "
+                                     "answer's size; chosen on val, README), or rloo (r - mean of the "
+                                     "group's other samples; method rloo).", ADV_SCALINGS)
+    policy_loss: str = field("ppo_clip", "Policy loss: ppo_clip (per-token ratio) or gspo (one clipped "
+                                         "ratio per sequence; method gspo).", POLICY_LOSS_NAMES)
+    tis_cap: float = field(0.0, "Truncated importance sampling: weight each token's policy loss by "
+                                "min(p_trainer / p_sampler, tis_cap), detached (0 = off). For bf16 "
+                                "engines whose probabilities differ from the trainer's; ~1 in fp32 here.")
     train_roles: str = field("both", "Whose segments the policy loss trains: both roles share the episode's "
                                      "advantage (the paper), or only the planner's (the executor keeps its "
                                      "warmup behaviour, plus the SFT term when on).", TRAIN_ROLES)

@@ -5,7 +5,9 @@
     3. group advantages; every segment of an episode (planner and executor) gets its advantage
     4. recompute log-probs of the sampled tokens with the trainer model
     5. draw an SFT batch
-    6. one optimizer step on  L_GRPO − β·H_rl + w·α·L_SFT (+ kl_coef·KL)
+    6. one optimizer step on  L_GRPO − β·H_rl + w·α·L_SFT (+ kl_coef·KL); L_GRPO is the configured
+       policy loss (PPO-clip, or GSPO's sequence-level ratio), optionally importance-weighted
+       against the sampler (TIS)
     7. update the RED state
     8. give the new adapter to the engine
 
@@ -27,7 +29,7 @@ import torch
 from utils.agent.episode import Episode, episode_sequences
 from utils.core.schema import TRAIN_ROLES
 from utils.core.tensors import pad
-from utils.train.losses import aggregate, advantages, k3_kl, ppo_clip_loss, red_weights
+from utils.train.losses import aggregate, advantages, k3_kl, policy_loss, red_weights
 from utils.train.policy import forward_logprobs, sft_terms
 
 
@@ -76,12 +78,14 @@ def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor, sft: tuple | None
     logp, ent = forward_logprobs(model, batch.ids, batch.attn, with_entropy=True, temperature=rl.temperature)
     if old_lp is None:  # one pass per batch: the policy being updated is the one that sampled
         old_lp = logp.detach()
-    pg, pg_stats = ppo_clip_loss(logp, old_lp, batch.adv, batch.mask, rl.clip_low, rl.clip_high, rl.loss_agg)
+    pg, pg_stats = policy_loss(rl.policy_loss, logp, old_lp, batch.adv, batch.mask, rl.clip_low, rl.clip_high,
+                               rl.loss_agg, sampler_logp=batch.sampler_lp, tis_cap=rl.tis_cap)
     h_rl = aggregate("token-mean", ent, batch.mask)
     loss = pg - rl.entropy_coef * h_rl
     mismatch = ((old_lp - batch.sampler_lp).abs() * batch.mask).sum() / batch.mask.sum().clamp(min=1)
     stats = {"actor/pg_loss": pg.item(), "actor/rl_entropy": h_rl.item(), "actor/clip_frac": pg_stats["clip_frac"],
              "actor/ratio_mean": pg_stats["ratio_mean"], "rollout/logprob_mismatch": mismatch.item()}
+    stats.update({f"actor/{k}": v for k, v in pg_stats.items() if k.startswith("tis_")})
     if rl.kl_coef > 0:
         if ref_lp is None:
             raise ValueError("algorithm.rl.kl_coef > 0 needs the reference log-probs (add_reference)")

@@ -6,6 +6,20 @@ injected results and padding. Nothing here reads trainer state.
 Departures and choices, stated once:
 - GRPO advantage uses the unbiased group std (as verl's GRPO does); a group of one sample, or a
   group whose rewards are all equal, gets advantage 0.
+- RLOO's baseline is the mean of the *other* samples of the group (Ahmadian et al. 2024, "Back to
+  Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs",
+  arXiv 2402.14740): r_i − mean_{j≠i} r_j = n/(n−1)·(r_i − mean), unscaled.
+- GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv 2507.18071) clips one
+  ratio per *training sequence*, the geometric mean of its token ratios. Here a sequence is one
+  trained segment sequence (a planner conversation or one executor call), not a whole episode;
+  each carries its episode's advantage. The per-sequence loss is broadcast over the sequence's
+  tokens and aggregated by the configured mode: `seq-mean-token-mean` is the paper's mean over
+  sequences, `token-mean` weights a sequence by its length.
+- Truncated importance sampling (TIS; Yao et al. 2025, "Your Efficient RL Framework Secretly
+  Brings You Off-Policy RL Training") corrects for a sampler whose probabilities differ from the
+  trainer's (bf16 engines): each token's policy loss is multiplied by the detached
+  min(π_trainer_old / π_sampler, cap), per token for PPO-clip, per sequence (geometric mean) for
+  GSPO. In fp32 on CPU the two agree to ~1e-6, so the weights are 1 here.
 - `seq-mean-token-sum-norm` divides each sequence's token sum by the horizon T (Dr. GRPO), so the
   loss does not depend on response-length normalisation.
 - The KL to the reference is the k3 estimator, exp(ref - logp) - (ref - logp) - 1, from
@@ -54,7 +68,17 @@ def adv_none(rewards: torch.Tensor, group_size: int, eps: float = EPS) -> torch.
     return (g - g.mean(dim=1, keepdim=True)).view(-1)
 
 
-ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {"group": adv_group, "batch": adv_batch, "none": adv_none}
+def adv_rloo(rewards: torch.Tensor, group_size: int, eps: float = EPS) -> torch.Tensor:  # noqa: ARG001 - no std
+    """r_i − mean of the group's other rewards (RLOO), no std scaling -> [B]; 0 for groups of one."""
+    g = _grouped(rewards, group_size)
+    if group_size == 1:
+        return torch.zeros_like(rewards)
+    others = (g.sum(dim=1, keepdim=True) - g) / (group_size - 1)  # [G, n]
+    return (g - others).view(-1)
+
+
+ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {"group": adv_group, "batch": adv_batch, "none": adv_none,
+                                                      "rloo": adv_rloo}
 
 # ---------------------------------------------------------------- aggregation
 
@@ -99,11 +123,13 @@ def aggregate(name: str, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                  clip_low: float, clip_high: float, agg: str) -> tuple[torch.Tensor, dict]:
+                  clip_low: float, clip_high: float, agg: str,
+                  is_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """PPO-clip with asymmetric clipping (clip-higher, DAPO).
 
-    logp, old_logp, mask [B, T]; adv [B] (one advantage per sequence, broadcast over its tokens).
-    Per token: max(-A·r, -A·clip(r, 1-clip_low, 1+clip_high)), r = exp(logp - old_logp).
+    logp, old_logp, mask [B, T]; adv [B] (one advantage per sequence, broadcast over its tokens);
+    is_weight [B, T] or None: a detached per-token factor (truncated importance sampling).
+    Per token: w·max(-A·r, -A·clip(r, 1-clip_low, 1+clip_high)), r = exp(logp - old_logp).
     Returns (scalar loss, {"clip_frac", "ratio_mean"}) with stats over trained tokens.
     """
     ratio = torch.exp(logp - old_logp)  # [B, T]
@@ -111,10 +137,77 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
     unclipped = -a * ratio
     clipped = -a * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
     per_token = torch.maximum(unclipped, clipped)  # [B, T]
+    if is_weight is not None:
+        per_token = per_token * is_weight
     with torch.no_grad():
         clip_frac = agg_token_mean((clipped > unclipped).float(), mask)
         ratio_mean = agg_token_mean(ratio, mask)
     return aggregate(agg, per_token, mask), {"clip_frac": clip_frac.item(), "ratio_mean": ratio_mean.item()}
+
+
+def _seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each sequence's mean over its trained tokens (0 for a sequence without any). [B, T] -> [B]."""
+    return (x * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+              clip_low: float, clip_high: float, agg: str,
+              is_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """GSPO: one ratio per sequence, s = exp(mean over its trained tokens of (logp - old_logp)),
+    clipped at the sequence level: max(-A·s, -A·clip(s, 1-clip_low, 1+clip_high)), times the
+    detached is_weight (constant over a sequence's tokens), broadcast over the sequence's tokens
+    and aggregated by `agg`. Shapes as ppo_clip_loss; stats over sequences with a trained token."""
+    s = torch.exp(_seq_mean(logp - old_logp, mask))  # [B]
+    unclipped = -adv * s
+    clipped = -adv * torch.clamp(s, 1 - clip_low, 1 + clip_high)
+    per_seq = torch.maximum(unclipped, clipped)  # [B]
+    per_token = per_seq[:, None].expand_as(mask)  # [B, T]
+    if is_weight is not None:
+        per_token = per_token * is_weight
+    with torch.no_grad():
+        live = (mask.sum(-1) > 0).float()  # [B]
+        n = live.sum().clamp(min=1)
+        clip_frac = ((clipped > unclipped).float() * live).sum() / n
+        ratio_mean = (s * live).sum() / n
+    return aggregate(agg, per_token, mask), {"clip_frac": clip_frac.item(), "ratio_mean": ratio_mean.item()}
+
+
+def tis_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, cap: float,
+                level: str) -> torch.Tensor:
+    """Truncated importance weights min(π_old / π_sampler, cap), detached. old_logp, sampler_logp,
+    mask [B, T] -> [B, T]: per token (`level` "token"), or each sequence's geometric-mean ratio
+    broadcast over its tokens ("sequence")."""
+    d = (old_logp - sampler_logp).detach()  # [B, T]
+    if level == "sequence":
+        d = _seq_mean(d, mask)[:, None].expand_as(mask)
+    elif level != "token":
+        raise ValueError(f"tis level must be token or sequence, got {level!r}")
+    return torch.clamp(torch.exp(d), max=cap)
+
+
+# name -> (loss function, the level its importance weights act at)
+POLICY_LOSSES: dict[str, tuple[Callable[..., tuple[torch.Tensor, dict]], str]] = {
+    "ppo_clip": (ppo_clip_loss, "token"),
+    "gspo": (gspo_loss, "sequence"),
+}
+
+
+def policy_loss(name: str, logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                clip_low: float, clip_high: float, agg: str, sampler_logp: torch.Tensor | None = None,
+                tis_cap: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """The registered policy loss `name`, with truncated importance sampling against the sampler's
+    log-probs when tis_cap > 0 (stats gain "tis_weight_mean" and "tis_clip_frac", over trained tokens)."""
+    fn, level = get(POLICY_LOSSES, name, "policy loss")
+    weight, stats = None, {}
+    if tis_cap > 0:
+        if sampler_logp is None:
+            raise ValueError("tis_cap > 0 needs the sampler's log-probs")
+        raw = tis_weights(old_logp, sampler_logp, mask, float("inf"), level)
+        weight = torch.clamp(raw, max=tis_cap)
+        stats = {"tis_weight_mean": agg_token_mean(weight, mask).item(),
+                 "tis_clip_frac": agg_token_mean((raw > tis_cap).float(), mask).item()}
+    loss, loss_stats = fn(logp, old_logp, adv, mask, clip_low, clip_high, agg, is_weight=weight)
+    return loss, {**loss_stats, **stats}
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

@@ -77,6 +77,7 @@ def build_trainer(cfg, adapter: Path, traces: Path, train_path: Path, spec_path:
     from utils.agent.engines import make_engine
     from utils.train.grpo_trainer import GrpoTrainer
 
+    questions = rl_questions(read_jsonl(train_path), cfg, train_path)  # before the slow start-up: fail fast
     base = model_dir(cfg)
     tok = AutoTokenizer.from_pretrained(base)
     torch.manual_seed(cfg.seed)  # LoRA init draws from torch's RNG
@@ -86,8 +87,21 @@ def build_trainer(cfg, adapter: Path, traces: Path, train_path: Path, spec_path:
     engine = make_engine(cfg.model.engine.name, base, cfg.model.engine, cfg.seed)
     rollout = Rollout(engine, Codec(tok, cfg.model.templates), RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature),
                       run_retriever(cfg))
-    return GrpoTrainer(cfg, model, engine, rollout, read_spec(spec_path), read_jsonl(train_path),
-                       read_trace_examples(traces), tok.pad_token_id, out, logger, config_sha)
+    return GrpoTrainer(cfg, model, engine, rollout, read_spec(spec_path), questions, read_trace_examples(traces),
+                       tok.pad_token_id, out, logger, config_sha)
+
+
+def rl_questions(rows: list[dict], cfg, path: Path) -> list[dict]:
+    """The train rows RL samples questions from: all, or with algorithm.rl.min_subtasks > 0 those whose
+    gold decomposition (meta.steps) has at least that many subtasks (rows without one are left out)."""
+    k = cfg.algorithm.rl.min_subtasks
+    if k <= 0:
+        return rows
+    kept = [r for r in rows if len((r.get("meta") or {}).get("steps") or []) >= k]
+    if not kept:
+        raise StageError(f"{path}: no row has a gold decomposition of {k} or more subtasks "
+                         f"(algorithm.rl.min_subtasks={k}); set it to 0 to use every row")
+    return kept
 
 
 def run_rl_stage(stage: str, description: str, argv: list[str], default_algorithm: str) -> int:
