@@ -17,6 +17,7 @@ from utils.agent.prompts import fit_context, render_planner
 from utils.core.cli import parse_stage_args
 from utils.core.io import read_records, write_jsonl
 from utils.core.manifest import StageRun, path_sha256
+from utils.core.models import load_tokenizer
 from utils.core.schema import repo_path
 from utils.core.stages import StageError, model_dir, parent, run_main, stage_config, stage_dir
 from utils.data.adapters import get_adapter
@@ -86,9 +87,7 @@ def main(argv=None) -> int:
                 run.add_output(corpus)
         except PrepareError as exc:
             raise StageError(str(exc)) from None
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(model_dir(cfg))
+        tok = load_tokenizer(model_dir(cfg), cfg.model.trust_remote_code)
         chat = tok if cfg.model.templates.use_chat_template else None
         for split, rows in splits.items():
             if not rows:

@@ -23,6 +23,7 @@ from utils.agent.traces import (examples_from_trace, skipped_stats, trace_from_e
 from utils.core.cli import parse_stage_args
 from utils.core.io import read_jsonl, write_jsonl
 from utils.core.manifest import StageRun, atomic_write_json
+from utils.core.models import load_tokenizer
 from utils.core.schema import repo_path
 from utils.core.stages import StageError, model_dir, output_path, parent, run_main, stage_config, stage_dir
 from utils.reward.spec import read_spec, score_answer
@@ -34,7 +35,7 @@ def _teacher(cfg, rows, spec, codec, wanted):
     from utils.agent.engines import make_engine
 
     path = model_dir(cfg, cfg.traces.teacher_path or None)
-    engine = make_engine(cfg.model.engine.name, path, cfg.model.engine, seed=cfg.seed)
+    engine = make_engine(cfg.model.engine.name, path, cfg.model.engine, cfg.seed, cfg.model.trust_remote_code)
     engine.set_adapter(repo_path(cfg.traces.teacher_adapter) if cfg.traces.teacher_adapter else None)
     ro = Rollout(engine, codec, RolloutSpec.from_config(cfg, cfg.traces.teacher_temperature), run_retriever(cfg))
     kept, sampled, size = [], 0, cfg.traces.teacher_batch
@@ -88,7 +89,6 @@ class _LengthFilter:
 def main(argv=None) -> int:
     cfg, _ = parse_stage_args(__doc__, argv)
     out, skipped = stage_dir(cfg, STAGE), []
-    from transformers import AutoTokenizer
 
     with StageRun(STAGE, out, stage_config(cfg, STAGE), cfg.seed) as run:
         _, prepared = parent(run, cfg, "01_prepare_dataset")
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
         run.add_input(train)
         rows = read_jsonl(train)
         wanted = cfg.traces.max_traces or len(rows)
-        codec = Codec(AutoTokenizer.from_pretrained(model_dir(cfg)), cfg.model.templates)
+        codec = Codec(load_tokenizer(model_dir(cfg), cfg.model.trust_remote_code), cfg.model.templates)
         source = cfg.traces.source
         if source == "teacher":
             pairs, sampled = _teacher(cfg, rows, read_spec(rewards_dir / "reward_spec.yaml"), codec, wanted)

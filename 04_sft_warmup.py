@@ -17,6 +17,7 @@ from utils.agent.traces import read_trace_examples
 from utils.core.cli import parse_stage_args
 from utils.core.io import read_jsonl
 from utils.core.manifest import StageRun
+from utils.core.models import load_tokenizer
 from utils.core.stages import StageError, model_dir, output_path, parent, run_main, stage_config, stage_dir
 from utils.eval.evaluation import Validator
 from utils.reward.spec import read_spec
@@ -30,7 +31,6 @@ def main(argv=None) -> int:
     cfg, _ = parse_stage_args(__doc__, argv)
     out = stage_dir(cfg, STAGE)
     import torch
-    from transformers import AutoTokenizer
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
         _, prepared = parent(run, cfg, "01_prepare_dataset")
         rewards_dir, _ = parent(run, cfg, "02_build_rewards")
         base = model_dir(cfg)
-        tok = AutoTokenizer.from_pretrained(base)
+        tok = load_tokenizer(base, cfg.model.trust_remote_code)
         examples = read_trace_examples(traces_dir / "sft_traces.jsonl")
         if not examples:
             raise StageError(f"{traces_dir / 'sft_traces.jsonl'} holds no training examples")
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
         validator = Validator(cfg, base, rows, read_spec(rewards_dir / "reward_spec.yaml"),
                               Codec(tok, cfg.model.templates), out, run_retriever(cfg, run))
         torch.manual_seed(cfg.seed)  # LoRA init draws from torch's RNG
-        model = load_policy(base, cfg.model.lora, cfg.model.dtype)
+        model = load_policy(base, cfg.model.lora, cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
         loop = SftLoop(model, examples, cfg.warmup, cfg.seed, tok.pad_token_id, out,
                        lambda d, s: validator(model, d, s), run.data["config_sha256"])
         resumed = loop.try_resume()

@@ -20,6 +20,7 @@ from utils.agent.rollout import Codec, Rollout, RolloutSpec
 from utils.core.cli import parse_stage_args, stage_parser
 from utils.core.io import read_jsonl, write_jsonl
 from utils.core.manifest import StageRun, atomic_write_json, atomic_write_text
+from utils.core.models import load_tokenizer
 from utils.core.methods import BASE, CHECKPOINTS, METHODS, SFT_WARMUP
 from utils.core.schema import repo_path
 from utils.core.stages import StageError, model_dir, output_path, parent, run_main, stage_config, stage_dir
@@ -72,7 +73,7 @@ class SharedEngine:
 
         if self.engine is None:
             self.engine = make_engine(self.cfg.model.engine.name, model_dir(self.cfg), self.cfg.model.engine,
-                                      self.cfg.seed)
+                                      self.cfg.seed, self.cfg.model.trust_remote_code)
         self.engine.set_adapter(adapter)
         return self.engine
 
@@ -122,12 +123,10 @@ def main(argv=None) -> int:
     ap.add_argument("--pass_k", type=int, default=0, help="also sample k episodes per item at temperature 1")
     ap.add_argument("--limit", type=int, default=0, help="evaluate only the first N test items (0 = all)")
     cfg, args = parse_stage_args(__doc__, argv, parser=ap)
-    from transformers import AutoTokenizer
-
     names = [n.strip() for n in args.checkpoint.split(",") if n.strip()]
     if not names or len(set(names)) != len(names):
         ap.exit(2, f"{ap.prog}: --checkpoint {args.checkpoint!r}: expected distinct comma-separated names\n")
-    codec = Codec(AutoTokenizer.from_pretrained(model_dir(cfg)), cfg.model.templates)
+    codec = Codec(load_tokenizer(model_dir(cfg), cfg.model.trust_remote_code), cfg.model.templates)
     shared = SharedEngine(cfg)
     try:
         for name in names:

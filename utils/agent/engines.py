@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from utils.core.models import check_remote_code, load_causal_lm, load_tokenizer
 from utils.core.schema import EngineConfig
 from utils.core.tensors import pad
 
@@ -122,14 +123,13 @@ class HFEngine(BatchedCalls):
 
     name = "hf"
 
-    def __init__(self, model_path: Path, cfg: EngineConfig, seed: int = 0):  # noqa: ARG002 - seeded per call
+    def __init__(self, model_path: Path, cfg: EngineConfig, seed: int = 0,  # noqa: ARG002 - seeded per call
+                 trust_remote_code: bool = False):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.torch = torch
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        dtype = getattr(torch, cfg.dtype)
-        self.base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
+        self.tokenizer = load_tokenizer(model_path, trust_remote_code)
+        self.base = load_causal_lm(model_path, cfg.dtype, trust_remote_code).eval()
         self.peft = None  # a PeftModel once the first adapter is set; later adapters are swapped in
         self._adapter: str | None = None  # the adapter generate uses (None: the bare base)
         self._loaded: str | None = None  # the adapter peft holds
@@ -253,13 +253,17 @@ class VLLMEngine:
 
     name = "vllm"
 
-    def __init__(self, model_path: Path, cfg: EngineConfig, seed: int = 0, enable_lora: bool = True):
+    def __init__(self, model_path: Path, cfg: EngineConfig, seed: int = 0, enable_lora: bool = True,
+                 trust_remote_code: bool = False):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm import LLM
 
+        check_remote_code(model_path, trust_remote_code)
+
         kwargs = dict(model=str(model_path), dtype=cfg.dtype, max_model_len=cfg.max_model_len,
                       gpu_memory_utilization=cfg.memory_share, enforce_eager=cfg.enforce_eager, seed=seed,
-                      max_num_seqs=cfg.max_num_seqs, logprobs_mode="processed_logprobs")
+                      max_num_seqs=cfg.max_num_seqs, logprobs_mode="processed_logprobs",
+                      trust_remote_code=trust_remote_code)
         if not _cuda_available():
             # vLLM's CPU sampler cannot rewind a seeded request's generator after a chunked prefill
             # ("CPU Generator does not use offset", a crash once a batch's prompts exceed the token
@@ -394,7 +398,8 @@ def _cuda_available() -> bool:
 ENGINES = {"hf": HFEngine, "vllm": VLLMEngine}
 
 
-def make_engine(name: str, model_path: Path, cfg: EngineConfig, seed: int = 0) -> Engine:
+def make_engine(name: str, model_path: Path, cfg: EngineConfig, seed: int = 0,
+                trust_remote_code: bool = False) -> Engine:
     if name not in ENGINES:
         raise KeyError(f"unknown engine '{name}'; valid: {', '.join(sorted(ENGINES))}")
-    return ENGINES[name](model_path, cfg, seed=seed)
+    return ENGINES[name](model_path, cfg, seed=seed, trust_remote_code=trust_remote_code)

@@ -120,7 +120,9 @@ class HFEmbedder:
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"tool.embedding_model: no model at {path} (no config.json); the dense "
                                     "retriever needs a local embedding model directory")
-        self.tok, self.model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
+        # an embedder that ships its own code is refused by transformers: no config turns that on
+        self.tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        self.model = AutoModel.from_pretrained(path, trust_remote_code=False).eval()
         self.batch_size = batch_size
 
     def __call__(self, texts: list[str]):

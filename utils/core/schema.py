@@ -76,6 +76,8 @@ class ModelConfig:
     name: str = field("tiny-arith", "Short name, used in output paths and reports.")
     path: str = field("artifacts/tiny-arith", "Local directory (relative to the repo) or hub id of the base model.")
     dtype: str = field("float32", "Trainer dtype.", DTYPES)
+    trust_remote_code: bool = field(False, "Let transformers and vLLM run Python code shipped in the model's "
+                                           "directory (auto_map). Off: such a model is refused.")
     max_new_tokens_planner: int = field(48, "Generation budget per planner turn.")
     max_new_tokens_executor: int = field(48, "Generation budget per executor call.")
     lora: LoraConfig = field(LoraConfig(), "LoRA settings.")

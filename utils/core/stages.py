@@ -29,10 +29,10 @@ if is_spawned_child():  # this module runs in vLLM's engine core too (spawn re-i
 # stage -> the config keys it reads (08's settings are the evaluations it finds: utils/eval/compare.py)
 CONFIG_KEYS: dict[str, tuple[str, ...]] = {
     "00_check_data": ("data",),
-    "01_prepare_dataset": ("data", "model.templates", "model.path", "model.engine.max_model_len",
-                           "model.max_new_tokens_planner", "tool"),
+    "01_prepare_dataset": ("data", "model.templates", "model.path", "model.trust_remote_code",
+                           "model.engine.max_model_len", "model.max_new_tokens_planner", "tool"),
     "02_build_rewards": ("data.scorer", "reward"),
-    "03_generate_sft_traces": ("traces", "model.path", "model.templates", "model.engine",
+    "03_generate_sft_traces": ("traces", "model.path", "model.trust_remote_code", "model.templates", "model.engine",
                                "model.max_new_tokens_planner", "model.max_new_tokens_executor",
                                "algorithm.rl.max_turns", "seed", "tool"),
     "04_sft_warmup": ("model", "warmup", "algorithm.rl.max_turns", "seed", "threads", "tool"),

@@ -112,10 +112,12 @@ class Validator:
 
         save_weights(model, weights_dir)
         if self.cfg.model.lora.full_finetune:  # full weights: a fresh HF engine on the saved model
-            engine = make_engine("hf", weights_dir, self.cfg.model.engine)
+            engine = make_engine("hf", weights_dir, self.cfg.model.engine,
+                                 trust_remote_code=self.cfg.model.trust_remote_code)
         else:
             if self.engine is None:
-                self.engine = make_engine(self.cfg.model.engine.name, self.base, self.cfg.model.engine, self.cfg.seed)
+                self.engine = make_engine(self.cfg.model.engine.name, self.base, self.cfg.model.engine, self.cfg.seed,
+                                          self.cfg.model.trust_remote_code)
             engine = self.engine
             engine.set_adapter(weights_dir)
         metrics, samples = greedy_eval(engine, self.codec, self.rows, self.spec, RolloutSpec.from_config(self.cfg, 0.0),

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from utils.core.config import ConfigError
+from utils.core.models import load_causal_lm
 from utils.core.schema import LoraConfig
 from utils.core.tensors import pad
 from utils.agent.episode import Example
@@ -19,14 +20,12 @@ from utils.train.losses import aggregate, gather_logprobs, sft_cross_entropy, to
 
 
 def load_policy(base_path: Path, lora: LoraConfig, dtype: str = "float32", adapter: Path | None = None,
-                trainable: bool = True):
+                trainable: bool = True, trust_remote_code: bool = False):
     """The base model wrapped with a (new or loaded) LoRA adapter, or the bare model for full FT."""
-    import torch
     from peft import LoraConfig as PeftLoraConfig
     from peft import PeftModel, get_peft_model
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=getattr(torch, dtype))
+    model = load_causal_lm(base_path, dtype, trust_remote_code)
     if lora.full_finetune:
         return model
     if adapter is not None:

@@ -17,6 +17,7 @@ from utils.core.cli import parse_stage_args
 from utils.core.config import to_dict
 from utils.core.io import read_jsonl
 from utils.core.manifest import StageRun
+from utils.core.models import load_tokenizer
 from utils.core.stages import StageError, model_dir, output_path, parent, stage_config, stage_dir
 from utils.core.tracking import MetricsLogger
 from utils.reward.spec import read_spec
@@ -72,19 +73,19 @@ def build_trainer(cfg, adapter: Path, traces: Path, train_path: Path, spec_path:
     """The RL trainer of `cfg`'s method, starting from the SFT `adapter`, with its sampling engine
     (`trainer.engine`); also what benchmarks/step_profile.py times."""
     import torch
-    from transformers import AutoTokenizer
 
     from utils.agent.engines import make_engine
     from utils.train.grpo_trainer import GrpoTrainer
 
     questions = rl_questions(read_jsonl(train_path), cfg, train_path)  # before the slow start-up: fail fast
     base = model_dir(cfg)
-    tok = AutoTokenizer.from_pretrained(base)
+    remote = cfg.model.trust_remote_code
+    tok = load_tokenizer(base, remote)
     torch.manual_seed(cfg.seed)  # LoRA init draws from torch's RNG
-    model = load_policy(base, cfg.model.lora, cfg.model.dtype, adapter=adapter)
+    model = load_policy(base, cfg.model.lora, cfg.model.dtype, adapter=adapter, trust_remote_code=remote)
     if cfg.algorithm.rl.kl_coef > 0:
         add_reference(model, adapter)  # the KL reference is where RL starts: the SFT warmup adapter
-    engine = make_engine(cfg.model.engine.name, base, cfg.model.engine, cfg.seed)
+    engine = make_engine(cfg.model.engine.name, base, cfg.model.engine, cfg.seed, remote)
     rollout = Rollout(engine, Codec(tok, cfg.model.templates), RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature),
                       run_retriever(cfg))
     return GrpoTrainer(cfg, model, engine, rollout, read_spec(spec_path), questions, read_trace_examples(traces),
