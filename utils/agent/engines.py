@@ -20,12 +20,12 @@ decoding is identical in both (tests/test_engines.py).
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from utils.agent.merge import lora_deltas, weight_files
 from utils.core.models import check_remote_code, load_causal_lm, load_tokenizer
 from utils.core.schema import EngineConfig
 from utils.core.tensors import pad
@@ -200,47 +200,6 @@ class HFEngine(BatchedCalls):
         pass
 
 
-def lora_deltas(adapter_dir: Path) -> dict:
-    """Base weight name -> the fp32 update a peft LoRA adapter adds to it: scale·B·A, with scale
-    alpha/r (alpha/sqrt(r) under rsLoRA). Variants whose update is not of that form are refused."""
-    import json
-
-    from safetensors.torch import load_file
-
-    cfg_path = adapter_dir / "adapter_config.json"
-    if not cfg_path.is_file():
-        raise ValueError(f"{adapter_dir}: no adapter_config.json; merged LoRA serving needs a peft LoRA adapter")
-    cfg = json.loads(cfg_path.read_text())
-    unsupported = [k for k in ("use_dora", "fan_in_fan_out", "rank_pattern", "alpha_pattern", "modules_to_save")
-                   if cfg.get(k)]
-    if cfg.get("peft_type", "LORA") != "LORA" or unsupported:
-        raise ValueError(f"{cfg_path}: {', '.join(unsupported) or cfg.get('peft_type')} cannot be served merged; "
-                         "set model.engine.lora_serving=adapter")
-    r = cfg["r"]
-    scale = cfg["lora_alpha"] / (math.sqrt(r) if cfg.get("use_rslora") else r)
-    tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
-    deltas = {}
-    for key, a in tensors.items():
-        if key.endswith(".lora_A.weight"):
-            prefix = key[:-len(".lora_A.weight")]
-            b = tensors[prefix + ".lora_B.weight"]
-            deltas[prefix.removeprefix("base_model.model.") + ".weight"] = scale * (b.float() @ a.float())
-    return deltas
-
-
-def _weight_files(model_dir: Path) -> list[Path]:
-    """The safetensors files of a model directory (one file, or the shards of an index)."""
-    import json
-
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        return sorted({model_dir / f for f in json.loads(index.read_text())["weight_map"].values()})
-    single = model_dir / "model.safetensors"
-    if not single.is_file():
-        raise ValueError(f"{model_dir}: no model.safetensors(.index.json); merged LoRA serving reads the base from it")
-    return [single]
-
-
 def _reload_in_worker(weights: list, worker) -> None:
     """Runs in vLLM's worker process (a pickled callable: plain collective_rpc arguments lose their
     tensor types on the way)."""
@@ -315,7 +274,7 @@ class VLLMEngine:
 
         deltas = lora_deltas(path) if path is not None else {}
         if not self._base:
-            for file in _weight_files(self.model_path):
+            for file in weight_files(self.model_path):
                 self._base.update(load_file(str(file)))
         unknown = sorted(set(deltas) - set(self._base))
         if unknown:

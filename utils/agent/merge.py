@@ -1,0 +1,44 @@
+"""Folding a peft LoRA adapter into its base model's weights: what the vLLM engine's merged serving
+(`model.engine.lora_serving: merged`, utils/agent/engines.py) reloads at each policy change."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+def lora_deltas(adapter_dir: Path) -> dict:
+    """Base weight name -> the fp32 update a peft LoRA adapter adds to it: scale·B·A, with scale
+    alpha/r (alpha/sqrt(r) under rsLoRA). Variants whose update is not of that form are refused."""
+    from safetensors.torch import load_file
+
+    cfg_path = adapter_dir / "adapter_config.json"
+    if not cfg_path.is_file():
+        raise ValueError(f"{adapter_dir}: no adapter_config.json; merged LoRA serving needs a peft LoRA adapter")
+    cfg = json.loads(cfg_path.read_text())
+    unsupported = [k for k in ("use_dora", "fan_in_fan_out", "rank_pattern", "alpha_pattern", "modules_to_save")
+                   if cfg.get(k)]
+    if cfg.get("peft_type", "LORA") != "LORA" or unsupported:
+        raise ValueError(f"{cfg_path}: {', '.join(unsupported) or cfg.get('peft_type')} cannot be served merged; "
+                         "set model.engine.lora_serving=adapter")
+    r = cfg["r"]
+    scale = cfg["lora_alpha"] / (math.sqrt(r) if cfg.get("use_rslora") else r)
+    tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    deltas = {}
+    for key, a in tensors.items():
+        if key.endswith(".lora_A.weight"):
+            prefix = key[:-len(".lora_A.weight")]
+            b = tensors[prefix + ".lora_B.weight"]
+            deltas[prefix.removeprefix("base_model.model.") + ".weight"] = scale * (b.float() @ a.float())
+    return deltas
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a model directory (one file, or the shards of an index)."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        return sorted({model_dir / f for f in json.loads(index.read_text())["weight_map"].values()})
+    single = model_dir / "model.safetensors"
+    if not single.is_file():
+        raise ValueError(f"{model_dir}: no model.safetensors(.index.json); merged LoRA serving reads the base from it")
+    return [single]
