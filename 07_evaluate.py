@@ -21,9 +21,8 @@ from utils.core.cli import parse_stage_args, stage_parser
 from utils.core.io import read_jsonl, write_jsonl
 from utils.core.manifest import StageRun, atomic_write_json, atomic_write_text
 from utils.core.models import load_tokenizer
-from utils.core.methods import BASE, CHECKPOINTS, METHODS, SFT_WARMUP
-from utils.core.schema import repo_path
-from utils.core.stages import StageError, model_dir, output_path, parent, run_main, stage_config, stage_dir
+from utils.core.methods import CHECKPOINTS, SFT_WARMUP
+from utils.core.stages import model_dir, output_path, parent, resolve_checkpoint, run_main, stage_config, stage_dir
 from utils.eval.evaluation import failure_category, greedy_eval, pass_at_k
 from utils.eval.stats import bootstrap_ci
 from utils.reward.spec import read_spec, score_episodes
@@ -32,19 +31,6 @@ STAGE = "07_evaluate"
 PASS_K_TEMPERATURE = 1.0  # pass@k samples the policy as it is, without temperature scaling
 BREAKDOWN = ["qid", "category", "status", "prediction", "golds", "answer", "format", "reward", "turns",
              "subtasks", "tokens_planner", "tokens_executor"]
-
-
-def resolve_checkpoint(run, cfg, name: str) -> Path | None:
-    if name == BASE:
-        return None
-    if name == SFT_WARMUP:
-        return parent(run, cfg, "04_sft_warmup")[0] / "ckpt_sft" / "best"
-    if name in METHODS:
-        return parent(run, cfg, f"{METHODS[name].trainer}/{name}")[0] / "final_adapter"
-    path = repo_path(name)
-    if not (path / "adapter_config.json").is_file():
-        raise StageError(f"--checkpoint {name}: not one of {', '.join(CHECKPOINTS)} nor an adapter directory")
-    return path
 
 
 SEARCH_FIELDS = ("searches", "retrieval_hit")  # with the search tool (utils/eval/evaluation.py search_metrics)

@@ -20,6 +20,7 @@ from utils.core.config import ConfigError, to_dict
 from utils.core.io import DataError
 from utils.core.lock import HOLDER_ENV, RunLocked
 from utils.core.manifest import MANIFEST_NAME, StageRun
+from utils.core.methods import BASE, CHECKPOINTS, METHODS, SFT_WARMUP
 from utils.core.schema import RunConfig, repo_path
 from utils.core.signals import TERMINATED_EXIT, Terminated, die_with_parent, is_spawned_child, sigterm_as_interrupt
 
@@ -74,8 +75,9 @@ def parent(run: StageRun, cfg: RunConfig, stage: str) -> tuple[Path, dict]:
     """The parent stage's directory and manifest, recorded in `run`; clear error if it has not run."""
     d = stage_dir(cfg, stage)
     if not (d / MANIFEST_NAME).is_file():
-        raise StageError(f"{d / MANIFEST_NAME} not found: run {stage}.py (or 09_driver.py) for run "
-                         f"'{cfg.run_id}' first")
+        script, _, method = stage.partition("/")  # a trainer's stage is <script>/<method>
+        how = f"{script}.py --algorithm {method}" if method else f"{script}.py"
+        raise StageError(f"{d / MANIFEST_NAME} not found: run {how} (or 09_driver.py) for run '{cfg.run_id}' first")
     try:
         return d, run.add_parent(d)
     except RuntimeError as exc:
@@ -88,6 +90,22 @@ def output_path(manifest: dict, suffix: str) -> Path:
     if len(hits) != 1:
         raise StageError(f"manifest of {manifest['stage']} lists {len(hits)} outputs ending in '{suffix}', expected 1")
     return repo_path(hits[0])
+
+
+def resolve_checkpoint(run: StageRun, cfg: RunConfig, name: str) -> Path | None:
+    """The adapter directory of checkpoint `name` (None for the bare base), its stage recorded as a
+    parent of `run`: `sft_warmup` is 04's best adapter, a method its trainer's final adapter, and
+    anything else must be a peft adapter directory."""
+    if name == BASE:
+        return None
+    if name == SFT_WARMUP:
+        return parent(run, cfg, "04_sft_warmup")[0] / "ckpt_sft" / "best"
+    if name in METHODS:
+        return parent(run, cfg, f"{METHODS[name].trainer}/{name}")[0] / "final_adapter"
+    path = repo_path(name)
+    if not (path / "adapter_config.json").is_file():
+        raise StageError(f"--checkpoint {name}: not one of {', '.join(CHECKPOINTS)} nor an adapter directory")
+    return path
 
 
 def model_dir(cfg: RunConfig, path: str | None = None) -> Path:
