@@ -6,7 +6,7 @@ the engine (parsing, ending, masks, serialisation) runs unchanged.
 """
 import torch
 
-from utils.agent.engines import BatchedCalls, Sample, _truncate_at_stop
+from utils.agent.sampling import BatchedCalls, Sample, truncate_at_stop
 
 
 class ScriptedEngine(BatchedCalls):
@@ -35,7 +35,7 @@ class ScriptedEngine(BatchedCalls):
         for p in prompts:
             text = text_for_call
             ids = self.tokenizer.encode(text, add_special_tokens=False)[: spec.max_tokens]
-            keep, text, reason = _truncate_at_stop(self.tokenizer, ids, spec.stop, self.tokenizer.eos_token_id)
+            keep, text, reason = truncate_at_stop(self.tokenizer, ids, spec.stop, self.tokenizer.eos_token_id)
             ids = ids[:keep]
             with torch.no_grad():
                 logits = self.model(input_ids=torch.tensor([p + ids])).logits[0, len(p) - 1:-1]

@@ -116,7 +116,7 @@ def test_merged_serving_refuses_what_it_cannot_merge(vllm_merged, adapters, tmp_
 
 
 def test_sampling_is_seeded_per_request(vllm_engine, base_dir):
-    from utils.agent.engines import SamplingSpec
+    from utils.agent.sampling import SamplingSpec
 
     tok = AutoTokenizer.from_pretrained(base_dir)
     vllm_engine.set_adapter(None)
@@ -132,7 +132,7 @@ def test_a_large_seeded_batch_samples_on_cpu(vllm_engine, base_dir):
     """More prompt tokens than vLLM's default per-step budget: without a budget that fits every
     sequence whole, vLLM chunks a seeded prefill and its CPU sampler crashes ("CPU Generator does
     not use offset"); this is the shape of a 100-question x 8-sample validation probe."""
-    from utils.agent.engines import SamplingSpec
+    from utils.agent.sampling import SamplingSpec
 
     tok = AutoTokenizer.from_pretrained(base_dir)
     vllm_engine.set_adapter(None)
@@ -151,7 +151,7 @@ def test_unknown_engine_name_lists_valid_ones(base_dir):
 
 
 def test_hf_engine_switches_between_adapters_and_the_base(hf_engine, adapters, base_dir):
-    from utils.agent.engines import SamplingSpec
+    from utils.agent.sampling import SamplingSpec
 
     prompt = AutoTokenizer.from_pretrained(base_dir).encode("plan: 12+7-3\n")
     spec = SamplingSpec(max_tokens=8, temperature=0.0)

@@ -1,4 +1,6 @@
-"""Sampling engines: one interface, two registered implementations (docs/ARCHITECTURE.md, "Engines").
+"""Sampling engines: one interface (utils/agent/sampling.py), three registered implementations
+(docs/ARCHITECTURE.md, "Engines"); the third, `openai`, runs against a served endpoint
+(utils/agent/served.py).
 
 - `vllm`: offline `vllm.LLM`; the policy's LoRA adapter is served through `LoRARequest` (each
   `set_adapter` registers the new directory under a fresh integer id and releases the old one), or
@@ -19,103 +21,15 @@ decoding is identical in both (tests/test_engines.py).
 """
 from __future__ import annotations
 
-import hashlib
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from utils.agent.merge import lora_deltas, weight_files
+from utils.agent.sampling import BatchedCalls, Engine, Sample, SamplingSpec, truncate_at_stop
+from utils.agent.served import OpenAIEngine
 from utils.core.models import check_remote_code, load_causal_lm, load_tokenizer
 from utils.core.schema import EngineConfig
 from utils.core.tensors import pad
-
-
-@dataclass
-class Sample:
-    token_ids: list[int]
-    text: str
-    logprobs: list[float]
-    finish_reason: str  # "stop" | "length"
-
-
-@dataclass
-class SamplingSpec:
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: list[str] = field(default_factory=list)
-    n: int = 1
-
-
-def derive_seed(*parts: int | str) -> int:
-    """A 31-bit seed from (seed, step, index, ...): per-sample randomness without hidden state."""
-    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
-
-
-class Engine(Protocol):
-    name: str
-
-    def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Sample]]:
-        """`spec.n` samples for each prompt; `seeds[i]` seeds prompt i."""
-
-    def submit(self, key, prompt: list[int], spec: SamplingSpec, seed: int) -> None:
-        """Queue one request (spec.n must be 1); its result comes back from `poll` under `key`."""
-
-    def poll(self) -> list[tuple[object, Sample]]:
-        """Run queued requests until at least one finishes; (key, sample) of each finished one,
-        [] when nothing is queued. Results may come back in any order."""
-
-    def set_adapter(self, path: Path | None) -> None:
-        """Make the LoRA adapter at `path` (None: the bare base) the current policy."""
-
-    def close(self) -> None: ...
-
-
-def _truncate_at_stop(tokenizer, ids: list[int], stops: list[str], eos_id: int | None) -> tuple[int, str, str]:
-    """(kept length, text, finish reason): cut right after the first stop string or at EOS."""
-    for k, tok in enumerate(ids):
-        if eos_id is not None and tok == eos_id:
-            return k + 1, tokenizer.decode(ids[:k], skip_special_tokens=True), "stop"
-    text = tokenizer.decode(ids, skip_special_tokens=True)
-    hits = [(text.find(s), s) for s in stops if s and s in text]
-    if not hits:
-        return len(ids), text, "length"
-    end = min(pos + len(s) for pos, s in hits)
-    # smallest token prefix whose text covers the stop string
-    lo, hi = 1, len(ids)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if len(tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= end:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo, tokenizer.decode(ids[:lo], skip_special_tokens=True), "stop"
-
-
-class BatchedCalls:
-    """`submit`/`poll` over an engine's `generate`: each poll runs everything queued, one generate
-    call per distinct spec (smallest token budget first), seeded by its first request's seed. So a
-    rollout on such an engine advances turn by turn, all episodes together."""
-
-    _queue: list[tuple]
-
-    def submit(self, key, prompt: list[int], spec: SamplingSpec, seed: int) -> None:
-        self._queue.append((key, prompt, spec, seed))
-
-    def poll(self) -> list[tuple[object, Sample]]:
-        queue, self._queue = self._queue, []
-        groups: dict[tuple, list] = {}
-        for item in queue:
-            spec = item[2]
-            groups.setdefault((spec.max_tokens, spec.temperature, spec.top_p, tuple(spec.stop)), []).append(item)
-        done = []
-        for k in sorted(groups, key=lambda k: k[0]):
-            items = groups[k]
-            results = self.generate([p for _, p, _, _ in items], items[0][2], [s for _, _, _, s in items])
-            done += [(key, r[0]) for (key, _, _, _), r in zip(items, results)]
-        return done
 
 
 class HFEngine(BatchedCalls):
@@ -183,7 +97,7 @@ class HFEngine(BatchedCalls):
         samples = []
         for i in range(len(prompts)):
             row = gen[i].tolist()
-            keep, text, reason = _truncate_at_stop(self.tokenizer, row, spec.stop, self.eos_id)
+            keep, text, reason = truncate_at_stop(self.tokenizer, row, spec.stop, self.eos_id)
             lp = logps[i, torch.arange(keep), gen[i, :keep]].tolist()
             samples.append(Sample(row[:keep], text, lp, reason))
         return samples
@@ -223,7 +137,7 @@ class VLLMEngine:
                       gpu_memory_utilization=cfg.memory_share, enforce_eager=cfg.enforce_eager, seed=seed,
                       max_num_seqs=cfg.max_num_seqs, logprobs_mode="processed_logprobs",
                       trust_remote_code=trust_remote_code)
-        if not _cuda_available():
+        if not cuda_available():
             # vLLM's CPU sampler cannot rewind a seeded request's generator after a chunked prefill
             # ("CPU Generator does not use offset", a crash once a batch's prompts exceed the token
             # budget, e.g. 100 questions x 8 samples). A budget that fits every scheduled sequence
@@ -348,13 +262,13 @@ def _vllm_sample(c) -> Sample:
     return Sample(ids, c.text, lps, "stop" if c.finish_reason == "stop" else "length")
 
 
-def _cuda_available() -> bool:
+def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
 
 
-ENGINES = {"hf": HFEngine, "vllm": VLLMEngine}
+ENGINES = {"hf": HFEngine, "vllm": VLLMEngine, "openai": OpenAIEngine}
 
 
 def make_engine(name: str, model_path: Path, cfg: EngineConfig, seed: int = 0,

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from utils.agent.engines import Engine, SamplingSpec, derive_seed
+from utils.agent.sampling import Engine, SamplingSpec, derive_seed
 from utils.agent.episode import Episode, Segment
 from utils.agent.prompts import render_executor, render_planner, render_result
 from utils.agent.protocol import (ANSWER, EXECUTOR, EXECUTOR_STOPS, PLANNER, PLANNER_STOPS, SEARCH,

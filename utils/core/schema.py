@@ -18,7 +18,7 @@ from utils.core.config import (ROOT, ConfigError, apply_overrides, deep_merge, f
 from utils.core.methods import METHODS, contradictions, implied_method
 
 DTYPES = ("float32", "bfloat16", "float16")
-ENGINE_NAMES = ("vllm", "hf")  # utils/agent/engines.py ENGINES
+ENGINE_NAMES = ("vllm", "hf", "openai")  # utils/agent/engines.py ENGINES
 LORA_SERVING = ("adapter", "merged")  # utils/agent/engines.py VLLMEngine
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")  # utils/train/losses.py
 ADV_SCALINGS = ("group", "batch", "none", "rloo")  # utils/train/losses.py ADVANTAGES
@@ -56,6 +56,13 @@ class EngineConfig:
     enable_sleep_mode: bool = field(False, "GPU only: let vLLM free its memory while the trainer runs. Untested here.")
     enforce_eager: bool = field(True, "Skip CUDA graph capture (no effect on CPU).")
     hf_batch_size: int = field(64, "hf engine: prompts per generate() call (bounds its padded batch memory).")
+    base_url: str = field("http://127.0.0.1:8000/v1", "openai engine: the OpenAI-compatible endpoint, e.g. "
+                                                      "`python -m utils.eval.serve`.")
+    served_model: str = field("base", "openai engine: the endpoint's name for the base model (adapters are "
+                                      "found by the directory they were served from).")
+    api_key_env: str = field("OPENAI_API_KEY", "openai engine: environment variable holding the API key, if any.")
+    request_timeout: float = field(120.0, "openai engine: seconds per request before it fails.")
+    max_concurrent_requests: int = field(64, "openai engine: requests in flight at once.")
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Callable
 from utils.core.config import ConfigError, to_dict
 from utils.core.io import DataError
 from utils.core.lock import HOLDER_ENV, RunLocked
-from utils.core.manifest import MANIFEST_NAME, StageRun
+from utils.core.manifest import MANIFEST_NAME, StageRun, read_manifest
 from utils.core.methods import BASE, CHECKPOINTS, METHODS, SFT_WARMUP
 from utils.core.schema import RunConfig, repo_path
 from utils.core.signals import TERMINATED_EXIT, Terminated, die_with_parent, is_spawned_child, sigterm_as_interrupt
@@ -92,20 +92,36 @@ def output_path(manifest: dict, suffix: str) -> Path:
     return repo_path(hits[0])
 
 
-def resolve_checkpoint(run: StageRun, cfg: RunConfig, name: str) -> Path | None:
-    """The adapter directory of checkpoint `name` (None for the bare base), its stage recorded as a
-    parent of `run`: `sft_warmup` is 04's best adapter, a method its trainer's final adapter, and
-    anything else must be a peft adapter directory."""
+def _checkpoint_stage(name: str) -> tuple[str, str] | None:
+    """(the stage that writes checkpoint `name`, the adapter's folder inside it), None for a directory."""
+    if name == SFT_WARMUP:
+        return "04_sft_warmup", "ckpt_sft/best"
+    if name in METHODS:
+        return f"{METHODS[name].trainer}/{name}", "final_adapter"
+    return None
+
+
+def resolve_checkpoint(run: StageRun | None, cfg: RunConfig, name: str) -> Path | None:
+    """The adapter directory of checkpoint `name` (None for the bare base): `sft_warmup` is 04's best
+    adapter, a method its trainer's final adapter, anything else a peft adapter directory. Its stage
+    must have completed; with a `run` it is recorded as that run's parent."""
     if name == BASE:
         return None
-    if name == SFT_WARMUP:
-        return parent(run, cfg, "04_sft_warmup")[0] / "ckpt_sft" / "best"
-    if name in METHODS:
-        return parent(run, cfg, f"{METHODS[name].trainer}/{name}")[0] / "final_adapter"
-    path = repo_path(name)
-    if not (path / "adapter_config.json").is_file():
-        raise StageError(f"--checkpoint {name}: not one of {', '.join(CHECKPOINTS)} nor an adapter directory")
-    return path
+    source = _checkpoint_stage(name)
+    if source is None:
+        path = repo_path(name)
+        if not (path / "adapter_config.json").is_file():
+            raise StageError(f"--checkpoint {name}: not one of {', '.join(CHECKPOINTS)} nor an adapter directory")
+        return path
+    stage, inner = source
+    if run is not None:
+        return parent(run, cfg, stage)[0] / inner
+    d = stage_dir(cfg, stage)
+    status = read_manifest(d).get("status") if (d / MANIFEST_NAME).is_file() else "missing"
+    if status != "completed":
+        raise StageError(f"checkpoint {name}: {d / MANIFEST_NAME} is {status}, not completed: run "
+                         f"{stage.split('/')[0]}.py (or 09_driver.py) for run '{cfg.run_id}' first")
+    return d / inner
 
 
 def model_dir(cfg: RunConfig, path: str | None = None) -> Path:

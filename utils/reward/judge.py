@@ -8,12 +8,9 @@ endpoint is a configuration error, reported once, clearly, by `check_judge`.
 """
 from __future__ import annotations
 
-import json
-import os
 import re
-import urllib.error
-import urllib.request
 
+from utils.core.http import HTTP_ERRORS, describe_error, request_json
 from utils.core.schema import JudgeConfig
 
 RUBRIC = ("You are a strict grader. Question: {question}\nGold answer(s): {golds}\n"
@@ -25,24 +22,17 @@ class JudgeUnreachable(RuntimeError):
 
 
 def _request(cfg: JudgeConfig, path: str, body: dict | None) -> dict:
-    headers = {"Content-Type": "application/json"}
-    key = os.environ.get(cfg.api_key_env)
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(cfg.base_url.rstrip("/") + path, data=data, headers=headers)
-    with urllib.request.urlopen(req, timeout=cfg.timeout) as resp:  # noqa: S310 - configured endpoint
-        return json.loads(resp.read().decode("utf-8", errors="replace"))
+    return request_json(cfg.base_url, path, body, cfg.timeout, cfg.api_key_env)
 
 
 def check_judge(cfg: JudgeConfig) -> list[str]:
     """The model names the endpoint serves; JudgeUnreachable with a clear message otherwise."""
     try:
         listing = _request(cfg, "/models", None)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except HTTP_ERRORS as exc:
         raise JudgeUnreachable(
             f"reward.judge is enabled but {cfg.base_url} is unreachable ({getattr(exc, 'reason', exc)}); "
-            f"start a judge (e.g. `vllm serve MODEL --port 8000`) or set reward.judge.enabled=false") from None
+            f"start a judge (e.g. `python -m utils.eval.serve --port 8000`) or set reward.judge.enabled=false") from None
     names = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)]
     if cfg.model not in names:
         raise JudgeUnreachable(f"judge endpoint {cfg.base_url} serves {names}, not reward.judge.model='{cfg.model}'")
@@ -63,8 +53,10 @@ def judge_score(cfg: JudgeConfig, question: str, pred: str | None, golds: list[s
             "temperature": 0.0}
     try:
         reply = _request(cfg, "/chat/completions", body)["choices"][0]["message"]["content"]
-    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-        return 0.0, {"judge_reply": None, "judge_error": f"{type(exc).__name__}: {exc}"}
+    except HTTP_ERRORS as exc:
+        return 0.0, {"judge_reply": None, "judge_error": describe_error(exc)}
+    except (KeyError, IndexError, TypeError) as exc:
+        return 0.0, {"judge_reply": None, "judge_error": f"unexpected reply ({type(exc).__name__}: {exc})"}
     score = parse_judge_score(reply)
     if score is None:
         return 0.0, {"judge_reply": reply, "judge_error": "no score 0-10 in reply"}
