@@ -146,7 +146,7 @@ def test_unknown_engine_name_lists_valid_ones(base_dir):
     from utils.agent.engines import make_engine
     from utils.core.schema import EngineConfig
 
-    with pytest.raises(KeyError, match="valid: hf, vllm"):
+    with pytest.raises(KeyError, match="valid: hf, openai, vllm"):
         make_engine("tgi", base_dir, EngineConfig())
 
 

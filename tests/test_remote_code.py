@@ -59,8 +59,14 @@ def test_no_loader_runs_a_models_code_unless_trusted(code_model):
 
 
 def test_a_stage_refuses_such_a_model_naming_the_file(code_model, tmp_path):
+    from utils.core.schema import DataConfig
+    from utils.data.synthetic import write_dataset
+
     model, marker = code_model
-    flags = ["--set", f"outputs_dir={tmp_path / 'out'}", "--set", f"model.path={model}"]
+    write_dataset(DataConfig(n_train=20, n_val=5, n_test=5), tmp_path / "data")  # a clean clone has no data/
+    flags = ["--set", f"outputs_dir={tmp_path / 'out'}", "--set", f"model.path={model}",
+             "--set", f"data.path={tmp_path / 'data'}", "--set", "data.n_train=20", "--set", "data.n_val=5",
+             "--set", "data.n_test=5"]
     subprocess.run([sys.executable, "00_check_data.py", *flags], cwd=ROOT, check=True, capture_output=True,
                    timeout=300)
     out = subprocess.run([sys.executable, "01_prepare_dataset.py", *flags], cwd=ROOT, capture_output=True, text=True,
