@@ -31,7 +31,7 @@ from utils.core.cli import parse_stage_args, stage_parser
 from utils.core.http import HTTP_ERRORS, request_json
 from utils.core.methods import BASE, CHECKPOINTS
 from utils.core.schema import EngineConfig
-from utils.core.signals import die_with_parent, sigterm_as_interrupt
+from utils.core.signals import die_with_parent, sigterm_as_interrupt, stop_child
 from utils.core.stages import StageError, model_dir, resolve_checkpoint, run_dir, run_main
 
 HOST = "127.0.0.1"  # loopback only: the server has no authentication of its own
@@ -68,18 +68,13 @@ class Server:
         raise StageError(f"vLLM server did not answer within {timeout:.0f} s; its log {self.log} ends:\n{_tail(self.log)}")
 
     def stop(self, grace: float = 30.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
-        try:  # the engine core it spawned shares its process group
+        stop_child(self.proc, grace)  # SIGTERM, then SIGKILL after the grace period
+        try:  # whatever is left of its process group: the engine core it spawned
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        self.proc.wait()
 
     def __enter__(self) -> "Server":
         self.start()
