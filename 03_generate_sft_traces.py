@@ -18,8 +18,8 @@ from tqdm import tqdm
 
 from utils.agent.retrieval import render_information, run_retriever
 from utils.agent.rollout import Codec, Rollout, RolloutSpec
-from utils.agent.traces import (examples_from_trace, skipped_stats, trace_from_episode, trace_from_row, trace_record,
-                                trace_stats)
+from utils.agent.traces import (ThinkStyle, examples_from_trace, skipped_stats, trace_from_episode, trace_from_row,
+                                trace_record, trace_stats)
 from utils.core.cli import parse_stage_args
 from utils.core.io import read_jsonl, write_jsonl
 from utils.core.manifest import StageRun, atomic_write_json
@@ -103,9 +103,9 @@ def main(argv=None) -> int:
             pairs, sampled = _teacher(cfg, rows, read_spec(rewards_dir / "reward_spec.yaml"), codec, wanted)
         else:  # gold | solution: the config accepts no other source
             pairs, usable, sampled = [], _LengthFilter(cfg), 0
-            search = _gold_search(cfg, run)
+            search, style = _gold_search(cfg, run), ThinkStyle.from_config(cfg)
             for row in rows:
-                trace, why = trace_from_row(row, source, search)
+                trace, why = trace_from_row(row, source, search, style)
                 if trace is None:
                     skipped.append((row["id"], why))
                 elif usable(trace):

@@ -4,7 +4,8 @@ Templates are `str.format` strings: the planner's sees {question} and {context},
 {task} and {context}. {context} is the row's context framed by `templates.context`, or nothing when
 the row has none, so a context-free row renders as if the template had no {context} at all.
 `fit_context` cuts a context to a token budget (01_prepare_dataset applies it once, so every
-stage renders the same prompt). With `use_chat_template`, the rendered text becomes the
+stage renders the same prompt). With `thinking: actor_critic`, the `actor_critic` instruction comes
+first in both role prompts. With `use_chat_template`, the rendered text becomes the
 user turn of the tokenizer's chat template, with the generation prompt appended.
 """
 from __future__ import annotations
@@ -36,14 +37,18 @@ def _framed(t: TemplatesConfig, context: str | None) -> str:
     return _fill(t.context, "context", context=context) if context else ""
 
 
-def render_planner(t: TemplatesConfig, question: str, context: str | None = None, tokenizer=None) -> str:
-    text = _fill(t.planner, "planner", question=question, context=_framed(t, context))
+def _role_prompt(t: TemplatesConfig, text: str, tokenizer) -> str:
+    if t.thinking == "actor_critic":
+        text = t.actor_critic + text
     return _chat(text, tokenizer) if t.use_chat_template else text
+
+
+def render_planner(t: TemplatesConfig, question: str, context: str | None = None, tokenizer=None) -> str:
+    return _role_prompt(t, _fill(t.planner, "planner", question=question, context=_framed(t, context)), tokenizer)
 
 
 def render_executor(t: TemplatesConfig, task: str, tokenizer=None, context: str | None = None) -> str:
-    text = _fill(t.executor, "executor", task=task, context=_framed(t, context))
-    return _chat(text, tokenizer) if t.use_chat_template else text
+    return _role_prompt(t, _fill(t.executor, "executor", task=task, context=_framed(t, context)), tokenizer)
 
 
 def fit_context(context: str, count_tokens, budget: int) -> tuple[str, dict | None]:

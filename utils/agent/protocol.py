@@ -9,12 +9,19 @@
     injected:       <information>top-k passages</information>  (into that executor's context only;
                     the template is tool.information), then the executor continues
 
+With `model.templates.thinking: actor_critic` (the seed's procedural-thinking mode) a think block
+holds three labelled parts, in order: `actor: <first attempt> critic: <a strict check of it>
+refined: <the reasoning acted on>`. The format score does not look inside <think>: the mode is
+scored by the same rules; `split_actor_critic` tells whether a think block follows it.
+
 The engines stop a planner turn at `</task>` or `</answer>` and an executor at `</answer>`. Parsing
 never raises on model output and reads at most `MAX_PARSED_CHARS` characters, so garbage costs
 bounded work. The format score is graduated: repeated or nested tags earn partial, not full,
 credit, so a policy cannot farm format reward by spamming tags (a departure from the seed).
 """
 from __future__ import annotations
+
+import re
 
 
 THINK, TASK, ANSWER, SEARCH = "think", "task", "answer", "search"
@@ -40,6 +47,30 @@ def planner_answer_turn(think: str, answer: str) -> str:
 
 def executor_turn(think: str, answer: str) -> str:
     return wrap(THINK, think) + wrap(ANSWER, answer)
+
+
+ACTOR_CRITIC_LABELS = ("actor", "critic", "refined")
+_ACTOR_CRITIC = re.compile(r"\s*actor:(.*?)\bcritic:(.*?)\brefined:(.*)", re.DOTALL)
+
+
+def actor_critic_think(actor: str, critic: str, refined: str) -> str:
+    """The body of an actor-critic think block."""
+    return f"actor: {actor} critic: {critic} refined: {refined}"
+
+
+def split_actor_critic(think: str | None) -> tuple[str, str, str] | None:
+    """(actor, critic, refined) of a think body that has the three labels once each, in order, each
+    part non-empty; None otherwise."""
+    if not think:
+        return None
+    text = str(think)[:MAX_PARSED_CHARS]
+    if any(text.count(f"{label}:") != 1 for label in ACTOR_CRITIC_LABELS):
+        return None
+    m = _ACTOR_CRITIC.fullmatch(text)
+    if not m:
+        return None
+    parts = tuple(g.strip() for g in m.groups())
+    return parts if all(parts) else None
 
 
 def tag_pairs(text: str, tag: str) -> list[str]:

@@ -15,6 +15,14 @@ Turn texts (the same tags everywhere; the contents are what the tiny model can l
                       <think>{subtask}</think><search>{query}</search>
                       <information>{top-k passages, retrieved by the run's own index}</information>
                       <think>{result}</think><answer>{result}</answer>
+With `model.templates.thinking: actor_critic` every think but a search step's is an actor-critic
+one (`ThinkStyle`):
+    planner, step k:  actor: {remaining expression} critic: ok refined: {subtask}
+    planner, final:   actor: {answer} critic: ok refined: {answer}
+    executor:         actor: {subtask}={shown} critic: check: {subtask}={shown} ok|no refined: {subtask}={result}
+where {shown} is the result, or for `traces.critic_error_rate` of integer-result steps (drawn per
+question and step from the run's seed) the result off by one, which the critic flags "no": the
+same "check: a+b=c ok|no" lines the tiny base model was pretrained on.
 For a question that is not an arithmetic chain, the planner's think is "step k". A lookup step
 whose gold fact (`fact`) is not among the passages the search returns gives no trace: the
 demonstration would answer from nothing.
@@ -31,10 +39,40 @@ import statistics
 from dataclasses import dataclass
 
 from utils.agent.episode import Episode, Example, Segment, episode_sequences
-from utils.agent.protocol import (EXECUTOR, PLANNER, SEARCH, TASK, THINK, executor_turn, extract_tag,
-                                  planner_answer_turn, planner_task_turn, wrap)
+from utils.agent.protocol import (EXECUTOR, PLANNER, SEARCH, TASK, THINK, actor_critic_think, executor_turn,
+                                  extract_tag, planner_answer_turn, planner_task_turn, wrap)
 from utils.agent.rollout import Codec
+from utils.agent.sampling import derive_seed
+from utils.core.config import ConfigError
 from utils.core.io import DataError, read_records
+
+
+@dataclass(frozen=True)
+class ThinkStyle:
+    """How gold traces fill <think>: `plain`, or `actor_critic` with a share of deliberate actor slips."""
+    mode: str = "plain"
+    critic_error_rate: float = 0.0
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, cfg) -> ThinkStyle:
+        rate = cfg.traces.critic_error_rate
+        if not 0.0 <= rate <= 1.0:
+            raise ConfigError(f"traces.critic_error_rate: {rate} is not a share in [0, 1]")
+        return cls(cfg.model.templates.thinking, rate, cfg.seed)
+
+    def planner(self, remaining: str, decision: str) -> str:
+        return actor_critic_think(remaining, "ok", decision) if self.mode == "actor_critic" else remaining
+
+    def executor(self, qid: str, k: int, task: str, result: str) -> str:
+        if self.mode != "actor_critic":
+            return f"{task}={result}"
+        shown = result
+        if (result.lstrip("-").isdigit() and self.critic_error_rate > 0
+                and derive_seed(self.seed, qid, k, "critic") / 0x7FFFFFFF < self.critic_error_rate):
+            shown = str(int(result) + (1 if derive_seed(self.seed, qid, k, "slip") % 2 else -1))
+        verdict = "ok" if shown == result else "no"
+        return actor_critic_think(f"{task}={shown}", f"check: {task}={shown} {verdict}", f"{task}={result}")
 
 
 @dataclass
@@ -68,17 +106,18 @@ def _remaining(question: str, steps: list[tuple[str, str]], k: int, lookups: boo
 
 
 def make_trace(qid: str, question: str, steps: list[tuple[str, str]], answer: str,
-               searches: list[tuple[str, str] | None] | None = None) -> Trace:
+               searches: list[tuple[str, str] | None] | None = None, style: ThinkStyle = ThinkStyle()) -> Trace:
     """`searches[k]`, for a lookup step, is (query, the information text its search injected)."""
     turns, calls, segments = [], [], []
     for k, (task, result) in enumerate(steps):
-        turns.append(planner_task_turn(_remaining(question, steps, k, bool(searches)), task))
+        turns.append(planner_task_turn(style.planner(_remaining(question, steps, k, bool(searches)), task), task))
         found = searches[k] if searches else None
-        segs = ([wrap(THINK, task) + wrap(SEARCH, found[0]), found[1], executor_turn(result, result)] if found
-                else [executor_turn(f"{task}={result}", result)])
+        segs = ([wrap(THINK, task) + wrap(SEARCH, found[0]), found[1],
+                 executor_turn(style.planner(result, result), result)] if found
+                else [executor_turn(style.executor(qid, k, task, result), result)])
         calls.append((task, "".join(segs)))
         segments.append(segs)
-    turns.append(planner_answer_turn(answer, answer))
+    turns.append(planner_answer_turn(style.planner(answer, answer), answer))
     return Trace(qid, question, turns, calls, [r for _, r in steps], answer,
                  segments if any(len(s) > 1 for s in segments) else None)
 
@@ -112,7 +151,8 @@ def _lookups(meta_steps: list[dict], search) -> tuple[list | None, str | None]:
     return out, None
 
 
-def trace_from_row(row: dict, source: str, search=None) -> tuple[Trace | None, str | None]:
+def trace_from_row(row: dict, source: str, search=None,
+                   style: ThinkStyle = ThinkStyle()) -> tuple[Trace | None, str | None]:
     """(trace, None) for a prepared row, or (None, why the source cannot decompose it). `search`
     (query -> (information text, passage ids)) runs a lookup step's gold search."""
     meta = row.get("meta") or {}
@@ -130,7 +170,7 @@ def trace_from_row(row: dict, source: str, search=None) -> tuple[Trace | None, s
         raise ValueError(f"unknown trace source '{source}'; valid: gold, solution, teacher")
     if not steps:
         return None, why
-    return make_trace(row["id"], row["question"], steps, row["answers"][0], searches), None
+    return make_trace(row["id"], row["question"], steps, row["answers"][0], searches, style), None
 
 
 def _kind(reason: str) -> str:

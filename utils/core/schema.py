@@ -27,6 +27,7 @@ SCORER_NAMES = ("em", "f1", "cem", "numeric")  # utils/reward/scorers.py SCORERS
 ADAPTER_NAMES = ("synthetic_arith", "synthetic_lookup", "gsm8k", "finqa", "hotpotqa")  # utils/data/adapters.py
 RETRIEVER_NAMES = ("none", "bm25", "dense")  # utils/agent/retrieval.py RETRIEVERS, or no tool
 TRAIN_ROLES = ("both", "planner", "executor")  # utils/train/grpo.py build_rl_batch
+THINKING_MODES = ("plain", "actor_critic")  # utils/agent/protocol.py split_actor_critic
 LEAKAGE_POLICIES = ("drop_from_train", "warn", "error")  # utils/data/prepare.py
 
 
@@ -76,6 +77,14 @@ class TemplatesConfig:
                                                     "paragraphs) is framed where a role prompt says {context}.")
     result: str = field("<result>{result}</result>\n", "Text injected into the planner context after a subtask.")
     use_chat_template: bool = field(False, "Wrap prompts with the tokenizer's chat template (real chat models).")
+    thinking: str = field("plain", "What a <think> block holds: plain, or actor_critic (the seed's procedural "
+                                   "thinking: 'actor:' attempt, 'critic:' check, 'refined:' reasoning, in one "
+                                   "generation; the `actor_critic` text is put before each role prompt, and "
+                                   "gold traces are written that way).", THINKING_MODES)
+    actor_critic: str = field("Inside <think>, reason in three parts, in this order: 'actor:' a step-by-step "
+                              "attempt; 'critic:' a strict, skeptical check of that attempt; 'refined:' the "
+                              "corrected reasoning you act on.\n",
+                              "With thinking: actor_critic, the instruction put before each role prompt.")
 
 
 @dataclass
@@ -190,6 +199,10 @@ class TracesConfig:
     max_traces: int = field(0, "Cap on traces written, in train order (0 = one per usable training row).")
     max_subtasks: int = field(0, "Keep only traces with at most this many subtasks (0 = all lengths).")
     long_traces: int = field(0, "With max_subtasks: also keep this many longer traces, the first in train order.")
+    critic_error_rate: float = field(0.2, "With model.templates.thinking: actor_critic, the share of gold executor "
+                                          "steps (integer results only) whose actor part shows a result off by one, "
+                                          "which the critic flags ('no') and the refined part corrects: "
+                                          "demonstrations of self-correction. Not tuned.")
     teacher_path: str = field("", "teacher source: base model directory (empty = model.path).")
     teacher_adapter: str = field("", "teacher source: optional LoRA adapter directory for the teacher.")
     teacher_samples: int = field(4, "teacher source: episodes sampled per question.")

@@ -8,7 +8,8 @@ answer, with timings.
 
 `--checkpoint` is `base`, `sft_warmup`, a method or an adapter directory (default `sft_warmup`);
 `--engine` is `vllm` (offline), `hf` or `openai` (an endpoint started by `python -m
-utils.eval.serve`, `model.engine.base_url`). A JSONL row has a `question`, and may have `answers`
+utils.eval.serve`, `model.engine.base_url`). `--thinking actor_critic` switches the prompts to
+the procedural-thinking template (actor, critic, refined inside <think>) and prints those parts. A JSONL row has a `question`, and may have `answers`
 (then each answer is scored with the data config's scorer) and a `context`. Greedy unless
 `--temperature` says otherwise. The run's search tool is used when its data config turns it on.
 Times are wall seconds of each engine request, from its submission to its result: with several
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 
 from utils.agent.episode import Episode
-from utils.agent.protocol import PLANNER
+from utils.agent.protocol import ACTOR_CRITIC_LABELS, PLANNER, THINK, extract_tag, split_actor_critic
 from utils.agent.retrieval import run_retriever
 from utils.agent.rollout import Codec, Rollout, RolloutSpec
 from utils.core.cli import parse_stage_args, stage_parser
@@ -30,7 +31,7 @@ from utils.core.io import read_records
 from utils.core.manifest import atomic_write_text
 from utils.core.methods import CHECKPOINTS, SFT_WARMUP
 from utils.core.models import load_tokenizer
-from utils.core.schema import ENGINE_NAMES
+from utils.core.schema import ENGINE_NAMES, THINKING_MODES
 from utils.core.stages import StageError, model_dir, resolve_checkpoint, run_main
 from utils.reward.scorers import answer_score
 
@@ -63,6 +64,10 @@ def render(ep: Episode, times: list[float], scorer: str | None) -> str:
             lines.append(f"  planner turn {turn} ({seconds:.2f} s): {seg.text.strip()}")
         else:
             lines.append(f"    executor ({seconds:.2f} s): {seg.text.strip()}")
+        parts = split_actor_critic(extract_tag(seg.text, THINK))
+        if parts:  # the procedural-thinking mode: each part on its own line
+            pad = " " * (6 if seg.role == PLANNER else 8)
+            lines.extend(f"{pad}{label}: {part}" for label, part in zip(ACTOR_CRITIC_LABELS, parts))
     for s in ep.searches:
         lines.append(f"    search (turn {s['turn'] + 1}): {s['query']!r} -> {', '.join(s['docs']) or s['error']}")
     verdict = ""
@@ -96,11 +101,16 @@ def main(argv=None) -> int:
     source.add_argument("--questions", help="a JSONL file of {question, answers?, context?}")
     ap.add_argument("--checkpoint", default=SFT_WARMUP, help=f"{' | '.join(CHECKPOINTS)} | DIR")
     ap.add_argument("--engine", choices=ENGINE_NAMES, default=None, help="default: the model config's engine")
+    ap.add_argument("--thinking", choices=THINKING_MODES, default=None,
+                    help="the <think> template (model.templates.thinking); actor_critic: the seed's procedural "
+                         "thinking, shown part by part")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--save", default=None, help="also write each episode (transcript, answer, times) as JSONL")
     cfg, args = parse_stage_args(__doc__, argv, parser=ap)
     from utils.agent.engines import make_engine
 
+    if args.thinking:
+        cfg.model.templates.thinking = args.thinking
     rows = _questions(args)
     adapter = resolve_checkpoint(None, cfg, args.checkpoint)
     base = model_dir(cfg)
