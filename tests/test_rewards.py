@@ -65,6 +65,36 @@ def test_composite_efficiency_term():
     assert over[0] == pytest.approx(3.1 - 0.5) and over[1]["efficiency_overrun"] == pytest.approx(0.5)
 
 
+def _episode(planner_turns: list[str], answer: str | None):
+    from utils.agent.episode import Episode, Segment
+
+    ep = Episode("q", "12+7*3", ["57"], 0, status="answered" if answer else "malformed", final_answer=answer)
+    for k, text in enumerate(planner_turns):
+        ep.segments.append(Segment("planner", k, [], [0] * 5, [0.0] * 5, text, "stop", 1.0))
+        if "<task>" in text:
+            ep.segments.append(Segment("executor", k, [], [0] * 5, [0.0] * 5, "<think>x</think><answer>1</answer>",
+                                       "stop", 1.0))
+    return ep
+
+
+def test_independence_term_on_hand_made_episodes():
+    from utils.reward.spec import score_episodes
+
+    spec = RewardSpec(independence_weight=0.3)
+    clean = _episode(["<think>a</think><task>12+7</task>", "<think>b</think><task>19*3</task>",
+                      "<think>c</think><answer>57</answer>"], "57")
+    leaning = _episode(["<think>a</think><task>12+7</task>", "<think>b</think><task>multiply it by 3</task>",
+                        "<think>c</think><task>12+7</task>", "<think>d</think><answer>57</answer>"], "57")
+    lazy = _episode(["<think>a</think><answer>57</answer>"], "57")
+    assert clean.subtasks == ["12+7", "19*3"] and leaning.subtasks == ["12+7", "multiply it by 3", "12+7"]
+    got = score_episodes([clean, leaning, lazy], spec)
+    assert [g["independence"] for g in got] == pytest.approx([1.0, 1 / 3, 0.0])
+    # 6*1 - 3 + 0.1*1 + 0.3*independence: the one-turn answer loses the 0.3 the delegating episode earns
+    assert [g["reward"] for g in got] == pytest.approx([3.4, 3.2, 3.1])
+    off = score_episodes([clean, leaning, lazy], RewardSpec())  # weight 0 (the default): the reward ignores it
+    assert [g["reward"] for g in off] == pytest.approx([3.1] * 3) and off[1]["independence"] == pytest.approx(1 / 3)
+
+
 def test_non_finite_format_counts_as_zero():
     assert composite("numeric", "5", ["5"], float("nan"), 0, RewardConfig())[1]["format"] == 0.0
 

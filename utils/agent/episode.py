@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from utils.agent.protocol import EXECUTOR, PLANNER
+from utils.agent.protocol import EXECUTOR, PLANNER, last_action
 from utils.core.io import read_jsonl, write_jsonl
 
 
@@ -75,6 +75,12 @@ class Episode:
     def n_subtasks(self) -> int:
         """Executor calls (with the search tool a call has several segments, all of its turn)."""
         return len({s.turn for s in self.segments if s.role == EXECUTOR})
+
+    @property
+    def subtasks(self) -> list[str]:
+        """The subtasks the planner delegated, in order (what each executor call was given)."""
+        tasks = (last_action(s.text)[1] for s in self.segments if s.role == PLANNER)
+        return [t.strip() for t in tasks if t is not None and t.strip()]
 
     @property
     def format_score(self) -> float:

@@ -27,6 +27,8 @@ SCORER_NAMES = ("em", "f1", "cem", "numeric")  # utils/reward/scorers.py SCORERS
 ADAPTER_NAMES = ("synthetic_arith", "synthetic_lookup", "gsm8k", "finqa", "hotpotqa")  # utils/data/adapters.py
 RETRIEVER_NAMES = ("none", "bm25", "dense")  # utils/agent/retrieval.py RETRIEVERS, or no tool
 TRAIN_ROLES = ("both", "planner", "executor")  # utils/train/grpo.py build_rl_batch
+INDEPENDENCE_REFS = (r"\b(it|its|this|that|these|those|above|previous|prior|earlier|last|same|former|latter)\b"
+                     r"|\bthe (result|answer|output|value)s?\b|\bstep\s*\d+|#\d+|<result>")
 THINKING_MODES = ("plain", "actor_critic")  # utils/agent/protocol.py split_actor_critic
 LEAKAGE_POLICIES = ("drop_from_train", "warn", "error")  # utils/data/prepare.py
 
@@ -245,6 +247,11 @@ class RewardConfig:
     format_weight: float = field(0.1, "Weight of the graduated format score (seed default 0.1).")
     efficiency_weight: float = field(0.0, "Penalty per unit of token overrun past efficiency_budget (0 = off).")
     efficiency_budget: int = field(256, "Generated tokens per episode before the efficiency penalty starts.")
+    independence_weight: float = field(0.0, "Weight of the subtask-independence score in [0, 1] (the Recursive "
+                                            "Reasoner's term; its seed used 0.3; 0 = off).")
+    independence_refs: str = field(INDEPENDENCE_REFS, "Regex of back-references into the planner's context; a "
+                                                      "subtask that matches it is not independent "
+                                                      "(utils/reward/scorers.py subtask_independence).")
     numeric_rel_tol: float = field(1e-4, "Relative tolerance of the numeric scorer.")
     judge: JudgeConfig = field(JudgeConfig(), "Optional LLM judge (replaces the scorer when enabled).")
 

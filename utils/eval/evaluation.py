@@ -21,7 +21,7 @@ def summarize_scores(scored: list[dict]) -> dict:
     mean = lambda k: round(sum(s[k] for s in scored) / n, 6)  # noqa: E731
     return {"n": len(scored), "accuracy": mean("answer"), "format": mean("format"), "reward": mean("reward"),
             "answered": round(sum(s["status"] == "answered" for s in scored) / n, 6),
-            "turns": mean("turns"), "subtasks": mean("subtasks"),
+            "turns": mean("turns"), "subtasks": mean("subtasks"), "independence": mean("independence"),
             "tokens_planner": mean("tokens_planner"), "tokens_executor": mean("tokens_executor"),
             "status": dict(sorted(Counter(s["status"] for s in scored).items()))}
 

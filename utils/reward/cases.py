@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 
 from utils.agent.protocol import format_score
-from utils.core.schema import RewardConfig
-from utils.reward.scorers import composite, get_scorer
+from utils.core.schema import INDEPENDENCE_REFS, RewardConfig
+from utils.reward.scorers import composite, get_scorer, subtask_independence
 
 CASES: list[dict] = [
     # numeric: units, commas, signs, percentages, fractions
@@ -53,6 +53,17 @@ CASES: list[dict] = [
      "expected": -3.0, "why": "no answer, no format: -3"},
     {"fn": "composite", "scorer": "f1", "pred": "the big red dog", "golds": ["red dog"], "format": 0.5,
      "n_tokens": 10, "expected": 1.85, "why": "6*0.8 - 3 + 0.1*0.5"},
+    # subtask independence (the default back-reference regex): share of self-contained, new subtasks
+    {"fn": "independence", "subtasks": ["12+7", "19*3", "57-4"], "expected": 1.0, "why": "literal operands only"},
+    {"fn": "independence", "subtasks": ["12+7", "multiply the result by 3"], "expected": 0.5,
+     "why": "'the result' points into the planner's context: 1 of 2"},
+    {"fn": "independence", "subtasks": ["12+7", "12 + 7", "add 4 to it"], "expected": 1 / 3,
+     "why": "a repeat (whitespace ignored) and a pronoun: 1 of 3"},
+    {"fn": "independence", "subtasks": ["capital of France", "use step 1 here", "population of #1"],
+     "expected": 1 / 3, "why": "'step 1' and '#1' are back-references: 1 of 3"},
+    {"fn": "independence", "subtasks": ["Italy's capital", "THAT city"], "expected": 0.5,
+     "why": "'its' is not in \"Italy's\"; 'THAT' matches case-insensitively"},
+    {"fn": "independence", "subtasks": [], "expected": 0.0, "why": "no subtask: nothing to reward"},
 ]
 
 
@@ -64,6 +75,8 @@ def run_case(case: dict, weights: RewardConfig) -> float:
         return composite(case["scorer"], case["pred"], case["golds"], case["format"], case["n_tokens"], weights)[0]
     if fn == "numeric":
         return get_scorer(fn)(case["pred"], case["golds"], weights.numeric_rel_tol)[0]
+    if fn == "independence":  # the proxy's rules, under the default regex whatever the spec's
+        return subtask_independence(case["subtasks"], INDEPENDENCE_REFS)
     return get_scorer(fn)(case["pred"], case["golds"])[0]
 
 

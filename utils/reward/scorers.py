@@ -8,7 +8,9 @@ Answer scorers (registered by name, `SCORERS`):
   it understands "1,234", "$5", "12%", "-3.50", "1/2" and "3.2e3".
 `composite` turns an answer score and the protocol's format score (utils/agent/protocol.py) into
 the seed's reward `6·score − 3 + 0.1·format`, with the weights of the `reward` config section
-(`RewardConfig`, which the reward spec extends), plus an optional token-efficiency term.
+(`RewardConfig`, which the reward spec extends), plus two optional terms from the Recursive
+Reasoner: token efficiency (a penalty per token over a budget) and subtask independence
+(`subtask_independence`).
 
 Scorers parse garbage without raising, so `composite` does not catch exceptions: a bug in a
 scorer surfaces as an error instead of silently scoring 0 (reward −3) during training.
@@ -138,14 +140,48 @@ def answer_score(scorer: str, pred: str | None, golds: list[str], rel_tol: float
 
 
 def composite(scorer: str, pred: str | None, golds: list[str], fmt: float, n_tokens: int,
-              w: RewardConfig) -> tuple[float, dict]:
-    """`answer_scale·score + answer_shift + format_weight·format − efficiency_weight·overrun`.
+              w: RewardConfig, independence: float = 0.0) -> tuple[float, dict]:
+    """`answer_scale·score + answer_shift + format_weight·format − efficiency_weight·overrun
+    + independence_weight·independence`.
 
-    `overrun` is max(0, n_tokens/efficiency_budget − 1): no penalty inside the budget. An unknown
-    scorer raises KeyError (a config error); a scorer never raises on model output.
+    `overrun` is max(0, n_tokens/efficiency_budget − 1): no penalty inside the budget;
+    `independence` is the episode's `subtask_independence` in [0, 1]. An unknown scorer raises
+    KeyError (a config error); a scorer never raises on model output.
     """
     score, _ = answer_score(scorer, pred, golds, w.numeric_rel_tol)
     fmt = min(max(float(fmt), 0.0), 1.0) if math.isfinite(fmt) else 0.0
     overrun = max(0.0, n_tokens / max(w.efficiency_budget, 1) - 1.0)
-    value = w.answer_scale * score + w.answer_shift + w.format_weight * fmt - w.efficiency_weight * overrun
-    return value, {"answer": score, "format": fmt, "efficiency_overrun": overrun, "reward": value}
+    value = (w.answer_scale * score + w.answer_shift + w.format_weight * fmt - w.efficiency_weight * overrun
+             + w.independence_weight * independence)
+    return value, {"answer": score, "format": fmt, "efficiency_overrun": overrun, "independence": independence,
+                   "reward": value}
+
+
+# ---------------------------------------------------------------- subtask independence
+
+def subtask_independence(subtasks: list[str], refs: str) -> float:
+    """The share of an episode's delegated subtasks that an executor, which sees only the subtask,
+    could work on alone: a proxy for the Recursive Reasoner's "subproblem independence".
+
+    A subtask counts when it
+    - is not empty;
+    - has no back-reference into the planner's context: no match of the regex `refs`
+      (reward.independence_refs; by default words such as "it", "that", "previous", "the result",
+      "step 2", "#1" and the injected "<result>" tag), matched case-insensitively; and
+    - does not repeat an earlier subtask of the episode (compared lower-cased, without whitespace):
+      a repeat gives the executor nothing new. The seed scores dissimilarity with sentence
+      embeddings; exact repeats are the part of that a tiny model can be checked on.
+    An episode with no subtask scores 0: there is nothing independent to reward. What the proxy
+    cannot see: a subtask that names no back-reference yet needs a table or passage only the
+    planner holds (FinQA, HotpotQA rows give the executor no context by default).
+    """
+    if not subtasks:
+        return 0.0
+    pattern, seen, good = re.compile(refs, re.IGNORECASE), set(), 0
+    for task in subtasks:
+        text = str(task)[:MAX_SCORED_CHARS]
+        key = "".join(text.lower().split())
+        if key and key not in seen and not pattern.search(text):
+            good += 1
+        seen.add(key)
+    return good / len(subtasks)

@@ -15,9 +15,10 @@ from utils.agent.protocol import EXECUTOR, PLANNER
 from utils.core.config import field, from_dict, read_yaml, to_dict
 from utils.core.manifest import atomic_write_text
 from utils.core.schema import RewardConfig, RunConfig
-from utils.reward.scorers import answer_score, composite
+from utils.reward.scorers import answer_score, composite, subtask_independence
 
-FORMULA = "answer_scale*score + answer_shift + format_weight*format - efficiency_weight*max(0, tokens/efficiency_budget - 1)"
+FORMULA = ("answer_scale*score + answer_shift + format_weight*format - efficiency_weight*max(0, tokens/efficiency_budget - 1)"
+           " + independence_weight*independence")
 
 
 @dataclass
@@ -44,14 +45,15 @@ def read_spec(path: Path) -> RewardSpec:
 
 
 def score_answer(spec: RewardSpec, question: str, pred: str | None, golds: list[str], fmt: float,
-                 n_tokens: int) -> tuple[float, dict]:
-    """The episode reward and its components (answer, format, efficiency_overrun, reward)."""
+                 n_tokens: int, subtasks: list[str] = ()) -> tuple[float, dict]:
+    """The episode reward and its components (answer, format, efficiency_overrun, independence, reward)."""
+    independence = subtask_independence(list(subtasks), spec.independence_refs)
     if not spec.judge.enabled:
-        return composite(spec.scorer, pred, golds, fmt, n_tokens, spec)
+        return composite(spec.scorer, pred, golds, fmt, n_tokens, spec, independence)
     from utils.reward.judge import judge_score
 
     score, comps = judge_score(spec.judge, question, pred, golds)
-    value, base = composite("em", None, golds, fmt, n_tokens, spec)  # format and efficiency terms only
+    value, base = composite("em", None, golds, fmt, n_tokens, spec, independence)  # the terms but the answer
     value += spec.answer_scale * score
     return value, {**base, **comps, "answer": score, "reward": value}
 
@@ -65,7 +67,8 @@ def score_episodes(episodes: list[Episode], spec: RewardSpec) -> list[dict]:
     """One record per episode: its reward and components, status, counts and transcript."""
     out = []
     for ep in episodes:
-        reward, comps = score_answer(spec, ep.question, ep.final_answer, ep.golds, ep.format_score, ep.n_generated())
+        reward, comps = score_answer(spec, ep.question, ep.final_answer, ep.golds, ep.format_score, ep.n_generated(),
+                                     ep.subtasks)
         out.append({"qid": ep.qid, "sample": ep.sample, "status": ep.status, "error": ep.error,
                     "prediction": ep.final_answer, "golds": ep.golds, "reward": reward, **comps,
                     "turns": ep.n_turns, "subtasks": ep.n_subtasks,
