@@ -51,6 +51,9 @@ def test_the_instruction_comes_first_in_both_role_prompts_only_in_that_mode():
     assert render_executor(AC, "12+7") == "ac\nsolve: 12+7\n"
     plain = TemplatesConfig(actor_critic="ac\n")
     assert render_planner(plain, "12+7*3") == "plan: 12+7*3\n" and render_executor(plain, "12+7") == "solve: 12+7\n"
+    executor_only = TemplatesConfig(thinking="actor_critic", actor_critic="ac\n", actor_critic_roles="executor")
+    assert render_planner(executor_only, "12+7*3") == "plan: 12+7*3\n"
+    assert render_executor(executor_only, "12+7") == "ac\nsolve: 12+7\n"
 
 
 def test_gold_traces_in_the_mode_flag_and_correct_the_actors_slips():
@@ -70,6 +73,9 @@ def test_gold_traces_in_the_mode_flag_and_correct_the_actors_slips():
     assert again.executor_calls == slipped.executor_calls  # drawn from (seed, question, step): repeatable
     words = make_trace("q2", "who", [("capital of X", "Paris")], "Paris", style=ThinkStyle("actor_critic", 1.0))
     assert "critic: check: capital of X=Paris ok" in words.executor_calls[0][1]  # no slip on a non-integer
+    executor_only = make_trace("q1", "12+7*3-4", STEPS, "53", style=ThinkStyle("actor_critic", 0.0, 1, "executor"))
+    assert extract_tag(executor_only.planner_turns[0], THINK) == "12+7*3-4"  # the planner thinks plainly
+    assert executor_only.executor_calls == clean.executor_calls
     plain = make_trace("q1", "12+7*3-4", STEPS, "53")
     assert plain.executor_calls[0][1] == executor_turn("12+7=19", "19")  # the default is unchanged
 
@@ -97,6 +103,8 @@ def test_metrics_and_infer_read_the_parts(base_dir):
     assert actor_critic_metrics([ep, stray]) == pytest.approx({
         "actor_critic_rate": 8 / 9, "actor_critic_rate_planner": 4 / 5, "actor_critic_rate_executor": 1.0,
         "critic_flag_rate": 3 / 8}, abs=1e-6)  # three flagged executor slips among eight followed blocks
+    assert actor_critic_metrics([ep, stray], (EXECUTOR,)) == pytest.approx({
+        "actor_critic_rate": 1.0, "actor_critic_rate_executor": 1.0, "critic_flag_rate": 3 / 4}, abs=1e-6)
     shown = render(ep, [0.1] * len(ep.segments), "numeric")
     assert "        critic: check: 12+7=" in shown and "      refined: 12+7" in shown
 

@@ -5,11 +5,12 @@ Templates are `str.format` strings: the planner's sees {question} and {context},
 the row has none, so a context-free row renders as if the template had no {context} at all.
 `fit_context` cuts a context to a token budget (01_prepare_dataset applies it once, so every
 stage renders the same prompt). With `thinking: actor_critic`, the `actor_critic` instruction comes
-first in both role prompts. With `use_chat_template`, the rendered text becomes the
+first in the prompts of the roles `actor_critic_roles` names. With `use_chat_template`, the rendered text becomes the
 user turn of the tokenizer's chat template, with the generation prompt appended.
 """
 from __future__ import annotations
 
+from utils.agent.protocol import EXECUTOR, PLANNER
 from utils.core.config import ConfigError
 from utils.core.schema import TemplatesConfig
 
@@ -37,18 +38,25 @@ def _framed(t: TemplatesConfig, context: str | None) -> str:
     return _fill(t.context, "context", context=context) if context else ""
 
 
-def _role_prompt(t: TemplatesConfig, text: str, tokenizer) -> str:
-    if t.thinking == "actor_critic":
+def actor_critic_for(t: TemplatesConfig, role: str) -> bool:
+    """Whether `role` thinks in the actor-critic mode under templates `t`."""
+    return t.thinking == "actor_critic" and t.actor_critic_roles in ("both", role)
+
+
+def _role_prompt(t: TemplatesConfig, text: str, tokenizer, role: str) -> str:
+    if actor_critic_for(t, role):
         text = t.actor_critic + text
     return _chat(text, tokenizer) if t.use_chat_template else text
 
 
 def render_planner(t: TemplatesConfig, question: str, context: str | None = None, tokenizer=None) -> str:
-    return _role_prompt(t, _fill(t.planner, "planner", question=question, context=_framed(t, context)), tokenizer)
+    return _role_prompt(t, _fill(t.planner, "planner", question=question, context=_framed(t, context)), tokenizer,
+                        PLANNER)
 
 
 def render_executor(t: TemplatesConfig, task: str, tokenizer=None, context: str | None = None) -> str:
-    return _role_prompt(t, _fill(t.executor, "executor", task=task, context=_framed(t, context)), tokenizer)
+    return _role_prompt(t, _fill(t.executor, "executor", task=task, context=_framed(t, context)), tokenizer,
+                        EXECUTOR)
 
 
 def fit_context(context: str, count_tokens, budget: int) -> tuple[str, dict | None]:

@@ -15,8 +15,8 @@ Turn texts (the same tags everywhere; the contents are what the tiny model can l
                       <think>{subtask}</think><search>{query}</search>
                       <information>{top-k passages, retrieved by the run's own index}</information>
                       <think>{result}</think><answer>{result}</answer>
-With `model.templates.thinking: actor_critic` every think but a search step's is an actor-critic
-one (`ThinkStyle`):
+With `model.templates.thinking: actor_critic` every think of the roles `actor_critic_roles` names,
+but a search step's, is an actor-critic one (`ThinkStyle`):
     planner, step k:  actor: {remaining expression} critic: ok refined: {subtask}
     planner, final:   actor: {answer} critic: ok refined: {answer}
     executor:         actor: {subtask}={shown} critic: check: {subtask}={shown} ok|no refined: {subtask}={result}
@@ -53,19 +53,28 @@ class ThinkStyle:
     mode: str = "plain"
     critic_error_rate: float = 0.0
     seed: int = 0
+    roles: str = "both"  # the roles that think actor-critic (templates.actor_critic_roles)
 
     @classmethod
     def from_config(cls, cfg) -> ThinkStyle:
         rate = cfg.traces.critic_error_rate
         if not 0.0 <= rate <= 1.0:
             raise ConfigError(f"traces.critic_error_rate: {rate} is not a share in [0, 1]")
-        return cls(cfg.model.templates.thinking, rate, cfg.seed)
+        t = cfg.model.templates
+        return cls(t.thinking, rate, cfg.seed, t.actor_critic_roles)
+
+    def _on(self, role: str) -> bool:
+        return self.mode == "actor_critic" and self.roles in ("both", role)
 
     def planner(self, remaining: str, decision: str) -> str:
-        return actor_critic_think(remaining, "ok", decision) if self.mode == "actor_critic" else remaining
+        return actor_critic_think(remaining, "ok", decision) if self._on(PLANNER) else remaining
+
+    def looked_up(self, result: str) -> str:
+        """An executor's think after its search returned."""
+        return actor_critic_think(result, "ok", result) if self._on(EXECUTOR) else result
 
     def executor(self, qid: str, k: int, task: str, result: str) -> str:
-        if self.mode != "actor_critic":
+        if not self._on(EXECUTOR):
             return f"{task}={result}"
         shown = result
         if (result.lstrip("-").isdigit() and self.critic_error_rate > 0
@@ -113,7 +122,7 @@ def make_trace(qid: str, question: str, steps: list[tuple[str, str]], answer: st
         turns.append(planner_task_turn(style.planner(_remaining(question, steps, k, bool(searches)), task), task))
         found = searches[k] if searches else None
         segs = ([wrap(THINK, task) + wrap(SEARCH, found[0]), found[1],
-                 executor_turn(style.planner(result, result), result)] if found
+                 executor_turn(style.looked_up(result), result)] if found
                 else [executor_turn(style.executor(qid, k, task, result), result)])
         calls.append((task, "".join(segs)))
         segments.append(segs)

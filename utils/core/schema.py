@@ -87,6 +87,9 @@ class TemplatesConfig:
                               "attempt; 'critic:' a strict, skeptical check of that attempt; 'refined:' the "
                               "corrected reasoning you act on.\n",
                               "With thinking: actor_critic, the instruction put before each role prompt.")
+    actor_critic_roles: str = field("both", "With thinking: actor_critic, the roles that think that way: both, "
+                                            "planner or executor (a planner's thinking stays in its context "
+                                            "for every later turn).", TRAIN_ROLES)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+from utils.agent.prompts import actor_critic_for
 from utils.agent.protocol import EXECUTOR, PLANNER, THINK, extract_tag, split_actor_critic
 from utils.agent.rollout import Codec, Rollout, RolloutSpec
 from utils.core.checkpoint import save_weights
@@ -35,8 +36,9 @@ def greedy_eval(engine, codec: Codec, rows: list[dict], spec: RewardSpec, rollou
     summary = summarize_scores(scored)
     if retriever is not None:
         summary.update(search_metrics(rows, episodes, scored))
-    if codec.templates.thinking == "actor_critic":
-        summary.update(actor_critic_metrics(episodes))
+    roles = tuple(r for r in (PLANNER, EXECUTOR) if actor_critic_for(codec.templates, r))
+    if roles:
+        summary.update(actor_critic_metrics(episodes, roles))
     by_length = accuracy_by_gold_subtasks(rows, scored)
     if by_length:
         summary["accuracy_by_gold_subtasks"] = by_length
@@ -65,22 +67,25 @@ def search_metrics(rows: list[dict], episodes, scored: list[dict]) -> dict:
     return out
 
 
-def actor_critic_metrics(episodes) -> dict:
-    """With thinking: actor_critic, the share of generated segments, per role and in all, whose
-    <think> follows the mode (`split_actor_critic`), and the share of those where the critic's
-    check ends in "no" (the actor's attempt was flagged)."""
-    followed: dict[str, list[bool]] = {PLANNER: [], EXECUTOR: []}
+def actor_critic_metrics(episodes, roles: tuple[str, ...] = (PLANNER, EXECUTOR)) -> dict:
+    """With thinking: actor_critic, the share of the generated segments of `roles` (the ones that
+    think that way), per role and in all, whose <think> follows the mode (`split_actor_critic`),
+    and the share of those where the critic's check ends in "no" (the actor's attempt was flagged)."""
+    followed: dict[str, list[bool]] = {role: [] for role in roles}
     flagged = []
     for ep in episodes:
         for seg in ep.segments:
+            if seg.role not in followed:
+                continue
             parts = split_actor_critic(extract_tag(seg.text, THINK))
             followed[seg.role].append(parts is not None)
             if parts:
                 flagged.append(parts[1].split()[-1] == "no")
     share = lambda xs: round(sum(xs) / len(xs), 6) if xs else None  # noqa: E731
-    return {"actor_critic_rate": share(followed[PLANNER] + followed[EXECUTOR]),
-            "actor_critic_rate_planner": share(followed[PLANNER]),
-            "actor_critic_rate_executor": share(followed[EXECUTOR]), "critic_flag_rate": share(flagged)}
+    out = {"actor_critic_rate": share([x for xs in followed.values() for x in xs])}
+    out.update({f"actor_critic_rate_{role}": share(xs) for role, xs in followed.items()})
+    out["critic_flag_rate"] = share(flagged)
+    return out
 
 
 def accuracy_by_gold_subtasks(rows: list[dict], scored: list[dict]) -> dict[str, float]:
