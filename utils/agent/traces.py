@@ -257,6 +257,36 @@ def read_trace_examples(path, roles=(PLANNER, EXECUTOR)) -> list[Example]:
     return out
 
 
+@dataclass
+class OfflineSample:
+    """One expert trace as red_paper puts it in its question's group: its training sequences, its
+    final answer and its subtasks (scored like a rollout), and its generated-token count."""
+    examples: list[Example]
+    answer: str
+    subtasks: list[str]
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(sum(e.mask) for e in self.examples)
+
+
+def read_offline_samples(path) -> dict[str, OfflineSample]:
+    """sft_traces.jsonl as {question id: OfflineSample} (the first trace of a question wins);
+    errors name the file and row."""
+    examples: dict[str, list[Example]] = {}
+    for e in read_trace_examples(path):
+        examples.setdefault(e.qid, []).append(e)
+    out = {}
+    for i, rec in read_records(path):
+        try:
+            if rec["qid"] not in out:
+                out[rec["qid"]] = OfflineSample(examples.get(rec["qid"], []), str(rec["answer"]),
+                                                [str(task) for task, _ in rec["executor_calls"]])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(path, i, None, f"not a trace record ({type(exc).__name__}: {exc})") from None
+    return out
+
+
 def _dist(values: list[int]) -> dict:
     if not values:
         return {"count": 0}

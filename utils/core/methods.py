@@ -15,6 +15,10 @@ file, the trainer's output folder (`05_train_red_grpo/<name>/`), the evaluation 
 are not part of `09_driver.py --method all`, whose arms are the RED study's (`in_study`); they run
 by name on the same run and seeds, and 08 compares them with the rest.
 
+`red_paper` is RED as the RED paper's public code has it, beside `red` as RED-CoDA has it: the
+question's expert trace takes one place in its GRPO group and is trained through the policy loss
+(docs/ARCHITECTURE.md, "Methods"; utils/train/losses.py `red_paper_loss`). It runs by name.
+
 `matched_sft` is the weight-matched control for red: a constant SFT weight equal to α times red's
 mean `red/final_weight` over the same seed's red run, read from that run after it finishes. red vs
 fixed_sft mixes "dynamic" with "more SFT"; red vs matched_sft isolates the dynamics.
@@ -37,6 +41,7 @@ class Method:
     policy_loss: str = "ppo_clip"  # algorithm.rl.policy_loss
     loo: bool = False  # algorithm.rl.adv_scaling is "rloo" (leave-one-out baseline) for this method only
     in_study: bool = True  # one of the RED study's arms: run by `09_driver.py --method all`
+    offline: bool = False  # algorithm.red_paper.offline: expert traces enter the groups (red_paper)
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
@@ -51,6 +56,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            loo=True, in_study=False),
     Method("gspo", "05_train_red_grpo", True, False, None, "GSPO: one clipped ratio per sequence, no SFT term",
            policy_loss="gspo", in_study=False),
+    Method("red_paper", "05_train_red_grpo", True, False, None,
+           "RED as its paper's code has it: expert traces inside the GRPO groups, accuracy-aware ratio, "
+           "entropy-change weight on their advantages; no SFT term, no KL", offline=True, in_study=False),
 )}
 STUDY = tuple(m.name for m in METHODS.values() if m.in_study)  # `09_driver.py --method all`
 BASE = "base"  # the bare base model, evaluated by 07
@@ -84,6 +92,12 @@ def contradictions_with(alg, m: Method) -> list[str]:
                    f"{str(m.matched).lower()})")
     if alg.rl.policy_loss != m.policy_loss:
         out.append(f"algorithm.rl.policy_loss={alg.rl.policy_loss} (method '{m.name}' has {m.policy_loss})")
+    if alg.red_paper.offline != m.offline:
+        out.append(f"algorithm.red_paper.offline={str(alg.red_paper.offline).lower()} (method '{m.name}' has it "
+                   f"{str(m.offline).lower()})")
+    if m.offline and alg.rl.tis_cap > 0:
+        out.append(f"algorithm.rl.tis_cap={alg.rl.tis_cap} (method '{m.name}' trains expert tokens, which have no "
+                   f"sampler probabilities to weight; set it to 0)")
     if (alg.rl.adv_scaling == "rloo") != m.loo:
         want = "rloo" if m.loo else "group, batch or none"
         out.append(f"algorithm.rl.adv_scaling={alg.rl.adv_scaling} (method '{m.name}' has {want})")

@@ -164,11 +164,24 @@ class RlConfig:
 
 
 @dataclass
+class RedPaperConfig:
+    offline: bool = field(False, "red_paper: a question with an expert trace (03's sft_traces.jsonl) has that "
+                                 "trace in place of its group's last rollout, trained through the policy loss "
+                                 "(utils/train/losses.py red_paper_loss).")
+    policy_shift: str = field("accuracy", "The offline tokens' ratio: accuracy (pi / (pi + (1 - pi) * group "
+                                          "accuracy), the paper's accuracy-aware policy shift) or none (pi: an "
+                                          "assumed behaviour probability of 1).", ("accuracy", "none"))
+    entropy_weight_max: float = field(7.0, "Upper clamp of the entropy-change weight on the offline samples' "
+                                           "advantages (the paper's code: 7).")
+
+
+@dataclass
 class AlgorithmConfig:
     method: str = field("red", "The method's name; its flags below must agree with it.", tuple(METHODS))
     rl: RlConfig = field(RlConfig(), "GRPO settings.")
     sft: SftConfig = field(SftConfig(), "SFT co-training settings.")
     red: RedConfig = field(RedConfig(), "RED weighting settings.")
+    red_paper: RedPaperConfig = field(RedPaperConfig(), "RED as its paper's code has it (method red_paper).")
 
 
 @dataclass

@@ -29,13 +29,15 @@ import torch
 from utils.agent.episode import Episode, episode_sequences
 from utils.core.schema import TRAIN_ROLES
 from utils.core.tensors import pad
-from utils.train.losses import aggregate, advantages, k3_kl, policy_loss, red_weights
+from utils.train.losses import (advantages, aggregate, k3_kl, policy_loss, red_paper_entropy_weight, red_paper_loss,
+                                red_weights)
 from utils.train.policy import forward_logprobs, sft_terms
 
 
 @dataclass
 class RlBatch:
-    """Padded training sequences of one rollout batch. ids/mask/sampler_lp [S, T]; adv [S]."""
+    """Padded training sequences of one rollout batch. ids/mask/sampler_lp [S, T]; adv [S]; with
+    red_paper, `offline` [S] marks expert sequences and `accuracy` [S] is their group's accuracy."""
 
     ids: torch.Tensor
     attn: torch.Tensor
@@ -43,23 +45,30 @@ class RlBatch:
     sampler_lp: torch.Tensor  # [S, T-1]
     adv: torch.Tensor  # [S]
     roles: list[str]
+    offline: torch.Tensor | None = None  # [S] bool
+    accuracy: torch.Tensor | None = None  # [S]
 
 
-def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int, roles: str = "both") -> RlBatch | None:
+def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int, roles: str = "both",
+                   offline: list[tuple] = ()) -> RlBatch | None:
     """Every trained sequence of the episodes (utils/agent/episode.py) whose role `roles` selects
-    ("both", "planner", "executor"), each with its episode's advantage; None if no sequence has a
-    trained token."""
+    ("both", "planner", "executor"), each with its episode's advantage, then the `offline`
+    (Example, advantage, group accuracy) expert sequences of red_paper; None if no sequence has a
+    trained token. Expert sequences have no sampler: their sampler log-probs are 0."""
     if roles not in TRAIN_ROLES:
         raise ValueError(f"roles must be {', '.join(TRAIN_ROLES[:-1])} or {TRAIN_ROLES[-1]}, got {roles!r}")
-    seqs = [(ex, a) for ep, a in zip(episodes, adv.tolist()) for ex in episode_sequences(ep)
-            if sum(ex.mask) and roles in ("both", ex.role)]
+    seqs = [(ex, a, None) for ep, a in zip(episodes, adv.tolist()) for ex in episode_sequences(ep)]
+    seqs += [(ex, a, acc) for ex, a, acc in offline]
+    seqs = [s for s in seqs if sum(s[0].mask) and roles in ("both", s[0].role)]
     if not seqs:
         return None
-    ids, attn = pad([ex.ids for ex, _ in seqs], pad_id, torch.long)
-    mask, _ = pad([ex.mask for ex, _ in seqs], 0, torch.float)
-    lp, _ = pad([ex.logprobs for ex, _ in seqs], 0.0, torch.float)
+    ids, attn = pad([ex.ids for ex, _, _ in seqs], pad_id, torch.long)
+    mask, _ = pad([ex.mask for ex, _, _ in seqs], 0, torch.float)
+    lp, _ = pad([ex.logprobs or [0.0] * len(ex.ids) for ex, _, _ in seqs], 0.0, torch.float)
     # position t of ids is predicted from position t-1: shift the token-aligned mask and log-probs
-    return RlBatch(ids, attn, mask[:, 1:], lp[:, 1:], torch.tensor([a for _, a in seqs]), [ex.role for ex, _ in seqs])
+    return RlBatch(ids, attn, mask[:, 1:], lp[:, 1:], torch.tensor([a for _, a, _ in seqs]),
+                   [ex.role for ex, _, _ in seqs], torch.tensor([acc is not None for _, _, acc in seqs]),
+                   torch.tensor([acc or 0.0 for _, _, acc in seqs]))
 
 
 @dataclass
@@ -68,24 +77,48 @@ class LossTerms:
     stats: dict
 
 
+def _offline_policy_loss(logp, old_lp, ent, batch: RlBatch, alg, paper_state: dict) -> tuple[torch.Tensor, dict]:
+    """red_paper's policy loss (utils/train/losses.py red_paper_loss) with the expert advantages
+    scaled by the entropy-change weight; stats carry this step's entropies for the next step's weight."""
+    rl, off = alg.rl, batch.offline
+    with torch.no_grad():
+        h_sft = aggregate("token-mean", ent, batch.mask * off[:, None].float()).item()
+        h_rl = aggregate("token-mean", ent, batch.mask * (~off)[:, None].float()).item()
+    w = red_paper_entropy_weight(h_sft, h_rl, paper_state.get("h_sft"), paper_state.get("h_rl"),
+                                 alg.red_paper.entropy_weight_max)
+    adv = torch.where(off, batch.adv * w, batch.adv)
+    pg, stats = red_paper_loss(logp, old_lp, adv, batch.mask, off, batch.accuracy, rl.clip_low, rl.clip_high,
+                               rl.loss_agg, alg.red_paper.policy_shift)
+    return pg, {**stats, "entropy_weight": w, "h_sft": h_sft, "h_rl": h_rl}
+
+
 def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor, sft: tuple | None, alg, red_state,
-                  batch_accuracy: float, ref_lp: torch.Tensor | None = None) -> LossTerms:
+                  batch_accuracy: float, ref_lp: torch.Tensor | None = None, paper_state: dict | None = None) -> LossTerms:
     """L = L_GRPO − β·H_rl + w·α·L_SFT + kl_coef·KL, with every term's value in `stats`. `old_lp`
     [S, T-1] are the sampling policy's log-probs (None: this forward's own, detached, which is exact
     when the batch gets one optimizer pass); `ref_lp` the KL reference's (needed when kl_coef > 0);
-    `stats["rollout/logprob_mismatch"]` is the mean |old − sampler| over trained tokens."""
+    `stats["rollout/logprob_mismatch"]` is the mean |old − sampler| over trained rollout tokens.
+    A batch with expert sequences (red_paper) uses `_offline_policy_loss` with `paper_state`, the
+    previous step's entropies ({} on the first)."""
     rl = alg.rl
     logp, ent = forward_logprobs(model, batch.ids, batch.attn, with_entropy=True, temperature=rl.temperature)
     if old_lp is None:  # one pass per batch: the policy being updated is the one that sampled
         old_lp = logp.detach()
-    pg, pg_stats = policy_loss(rl.policy_loss, logp, old_lp, batch.adv, batch.mask, rl.clip_low, rl.clip_high,
-                               rl.loss_agg, sampler_logp=batch.sampler_lp, tis_cap=rl.tis_cap)
-    h_rl = aggregate("token-mean", ent, batch.mask)
+    offline = batch.offline is not None and bool(batch.offline.any())
+    rollout_mask = batch.mask * (~batch.offline)[:, None].float() if offline else batch.mask
+    if offline:
+        pg, pg_stats = _offline_policy_loss(logp, old_lp, ent, batch, alg, paper_state or {})
+    else:
+        pg, pg_stats = policy_loss(rl.policy_loss, logp, old_lp, batch.adv, batch.mask, rl.clip_low, rl.clip_high,
+                                   rl.loss_agg, sampler_logp=batch.sampler_lp, tis_cap=rl.tis_cap)
+    h_rl = aggregate("token-mean", ent, rollout_mask)
     loss = pg - rl.entropy_coef * h_rl
-    mismatch = ((old_lp - batch.sampler_lp).abs() * batch.mask).sum() / batch.mask.sum().clamp(min=1)
+    mismatch = ((old_lp - batch.sampler_lp).abs() * rollout_mask).sum() / rollout_mask.sum().clamp(min=1)
     stats = {"actor/pg_loss": pg.item(), "actor/rl_entropy": h_rl.item(), "actor/clip_frac": pg_stats["clip_frac"],
              "actor/ratio_mean": pg_stats["ratio_mean"], "rollout/logprob_mismatch": mismatch.item()}
     stats.update({f"actor/{k}": v for k, v in pg_stats.items() if k.startswith("tis_")})
+    stats.update({f"red_paper/{k}": v for k, v in pg_stats.items()
+                  if k in ("entropy_weight", "h_sft", "h_rl", "offline_ratio_mean")})
     if rl.kl_coef > 0:
         if ref_lp is None:
             raise ValueError("algorithm.rl.kl_coef > 0 needs the reference log-probs (add_reference)")

@@ -22,7 +22,7 @@ from utils.agent.episode import dump_episodes
 from utils.agent.rollout import Rollout
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
 from utils.core.stream import Cursor, take
-from utils.reward.spec import score_episodes
+from utils.reward.spec import score_answer, score_episodes
 from utils.train.guard import SkipStreak, guarded_step
 from utils.train.grpo import build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
 from utils.train.losses import RedState, red_update
@@ -35,6 +35,7 @@ class TrainState:
     questions: Cursor = field(default_factory=Cursor)  # the (seed, "q", epoch)-shuffled question stream
     sft: Cursor = field(default_factory=Cursor)  # the (seed, "s", epoch)-shuffled SFT example stream
     red: dict = field(default_factory=lambda: asdict(RedState()))
+    red_paper: dict = field(default_factory=dict)  # red_paper: the previous step's entropies (h_sft, h_rl)
 
     @classmethod
     def from_json(cls, d: dict) -> "TrainState":
@@ -43,9 +44,10 @@ class TrainState:
 
 class GrpoTrainer:
     def __init__(self, cfg, model, engine, rollout: Rollout, spec, rows: list[dict], sft_examples: list,
-                 pad_id: int, out_dir: Path, logger, config_sha: str):
+                 pad_id: int, out_dir: Path, logger, config_sha: str, offline: dict | None = None):
         self.cfg, self.alg, self.model, self.engine, self.rollout = cfg, cfg.algorithm, model, engine, rollout
         self.spec, self.rows, self.sft_examples, self.pad_id = spec, rows, sft_examples, pad_id
+        self.offline = offline or {}  # red_paper: question id -> OfflineSample (utils/agent/traces.py)
         self.out, self.logger, self.config_sha = out_dir, logger, config_sha
         params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=self.alg.rl.lr, weight_decay=self.alg.rl.weight_decay)
@@ -137,12 +139,14 @@ class GrpoTrainer:
         for _ in range(self.alg.rl.ppo_epochs):
             if batch is None:
                 break
-            terms = red_grpo_loss(self.model, batch, old_lp, sft, self.alg, red, accuracy, ref_lp)
+            terms = red_grpo_loss(self.model, batch, old_lp, sft, self.alg, red, accuracy, ref_lp, self.state.red_paper)
             stats = terms.stats
             skipped, grad = self._optimize(terms.loss)
             if skipped:
                 break
             stats["actor/grad_norm"] = grad
+        if "red_paper/h_sft" in stats and not skipped:
+            self.state.red_paper = {"h_sft": stats["red_paper/h_sft"], "h_rl": stats["red_paper/h_rl"]}
         if sft is not None and "actor/sft_entropy" in stats and not skipped:
             red = red_update(red, stats["actor/sft_entropy"], stats["actor/rl_entropy"],
                              self.alg.red.sft_entropy_ema_decay, self.alg.red.rl_entropy_ema_decay)
@@ -162,16 +166,25 @@ class GrpoTrainer:
         scored = score_episodes(episodes, self.spec)
         rewards = [s["reward"] for s in scored]
         accuracy = sum(s["answer"] for s in scored) / len(scored)
-        adv = group_advantages(rewards, rl.n_samples, rl.adv_scaling)
-        if not all(math.isfinite(r) for r in rewards):
+        group_rewards, experts = self._insert_offline(rows, scored, rewards) if self.offline else (rewards, [])
+        adv = group_advantages(group_rewards, rl.n_samples, rl.adv_scaling)
+        if not all(math.isfinite(r) for r in group_rewards):
             adv = adv * float("nan")  # a broken reward poisons the loss: the step is skipped, never guessed
         timings["time/scoring"] = time.time() - t0
         t0 = time.time()
-        batch = build_rl_batch(episodes, adv, self.pad_id, rl.train_roles)
+        replaced = {i for i, _, _ in experts}
+        kept = [i for i in range(len(episodes)) if i not in replaced]
+        offline = [(ex, adv[i].item(), acc) for i, sample, acc in experts for ex in sample.examples]
+        batch = build_rl_batch([episodes[i] for i in kept], adv[kept], self.pad_id, rl.train_roles, offline)
+        if experts:
+            stats_offline = {"red_paper/offline_groups": len(experts),
+                             "red_paper/group_accuracy": sum(a for _, _, a in experts) / len(experts)}
         old_lp, ref_lp = self._fixed_logprobs(batch)
         timings["time/logprobs"] = time.time() - t0
         t0 = time.time()
         stats, skipped = self._update(batch, old_lp, accuracy, ref_lp)
+        if experts:
+            stats.update(stats_offline)
         mismatch = stats.pop("rollout/logprob_mismatch", 0.0)
         timings["time/update"] = time.time() - t0
         self.state.step += 1
@@ -180,6 +193,24 @@ class GrpoTrainer:
             dump_episodes(episodes, self.out / "episodes" / f"step_{self.state.step}.jsonl")
         return _step_metrics(self.state.step, scored, rewards, accuracy, rl.n_samples, skipped, float(mismatch),
                              {**stats, **timings})
+
+    def _insert_offline(self, rows: list[dict], scored: list[dict], rewards: list[float]) -> tuple[list, list]:
+        """red_paper: each question with an expert trace has it in place of its group's last rollout,
+        scored like a rollout (format 1: gold traces are well-formed by construction, tests/
+        test_red_paper.py). Returns (the groups' rewards, [(replaced index, OfflineSample, the
+        group's accuracy with the expert)])."""
+        n, group_rewards, experts = self.alg.rl.n_samples, list(rewards), []
+        for g, row in enumerate(rows):
+            sample = self.offline.get(row["id"])
+            if sample is None:
+                continue
+            i = g * n + n - 1
+            reward, comps = score_answer(self.spec, row["question"], sample.answer, row["answers"], 1.0,
+                                         sample.n_tokens, sample.subtasks)
+            group_rewards[i] = reward
+            answers = [s["answer"] for s in scored[g * n:i]] + [comps["answer"]]
+            experts.append((i, sample, sum(answers) / n))
+        return group_rewards, experts
 
     def train(self, progress=None) -> list[dict]:
         history = []

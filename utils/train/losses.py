@@ -24,11 +24,21 @@ Departures and choices, stated once:
   loss does not depend on response-length normalisation.
 - The KL to the reference is the k3 estimator, exp(ref - logp) - (ref - logp) - 1, from
   J. Schulman, "Approximating KL Divergence" (http://joschu.net/blog/kl-approx.html).
+- `red_paper` (Guan et al. 2025, "Recall-Extend Dynamics", arXiv 2508.16677, as its released code
+  runs it; the paper's own equations could not be read here): an expert trace sits in its
+  question's group and is trained through the policy loss with the ratio π / (π + (1 − π)·a),
+  a the group's accuracy, unclipped; its advantage is scaled by a step-over-step entropy-change
+  ratio clamped to [1, 7]. Assumptions where the code leaves a detail open or is broken: the
+  entropy weight acts on the expert samples only (the code's buffer shuffle lands it on random
+  ones); the accuracy-aware ratio is on by default (the code prints it but runs ratio = π); the
+  expert sequence is aggregated like every rollout (the code divides every sequence's token sum
+  by a constant 3000).
 - RED Part 1 compares changes of EMAs of the *same* estimator (full-distribution token entropy)
   on RL tokens and SFT tokens; the first step has no change yet and uses w_entropy = 1.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -122,6 +132,16 @@ def aggregate(name: str, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- policy loss, KL, entropy, SFT
 
 
+def _ppo_clip_tokens(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_low: float,
+                     clip_high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(per-token loss, clipped-mask, ratio), all [B, T]: max(-A·r, -A·clip(r, 1-clip_low, 1+clip_high))."""
+    ratio = torch.exp(logp - old_logp)  # [B, T]
+    a = adv[:, None]  # [B, 1]
+    unclipped = -a * ratio
+    clipped = -a * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped, ratio
+
+
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
                   clip_low: float, clip_high: float, agg: str,
                   is_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
@@ -132,15 +152,11 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
     Per token: w·max(-A·r, -A·clip(r, 1-clip_low, 1+clip_high)), r = exp(logp - old_logp).
     Returns (scalar loss, {"clip_frac", "ratio_mean"}) with stats over trained tokens.
     """
-    ratio = torch.exp(logp - old_logp)  # [B, T]
-    a = adv[:, None]  # [B, 1]
-    unclipped = -a * ratio
-    clipped = -a * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
-    per_token = torch.maximum(unclipped, clipped)  # [B, T]
+    per_token, was_clipped, ratio = _ppo_clip_tokens(logp, old_logp, adv, clip_low, clip_high)
     if is_weight is not None:
         per_token = per_token * is_weight
     with torch.no_grad():
-        clip_frac = agg_token_mean((clipped > unclipped).float(), mask)
+        clip_frac = agg_token_mean(was_clipped.float(), mask)
         ratio_mean = agg_token_mean(ratio, mask)
     return aggregate(agg, per_token, mask), {"clip_frac": clip_frac.item(), "ratio_mean": ratio_mean.item()}
 
@@ -208,6 +224,65 @@ def policy_loss(name: str, logp: torch.Tensor, old_logp: torch.Tensor, adv: torc
                  "tis_clip_frac": agg_token_mean((raw > tis_cap).float(), mask).item()}
     loss, loss_stats = fn(logp, old_logp, adv, mask, clip_low, clip_high, agg, is_weight=weight)
     return loss, {**loss_stats, **stats}
+
+
+# ---------------------------------------------------------------- RED as its paper's code has it
+
+OFFLINE_SHIFTS = ("accuracy", "none")
+
+
+def offline_ratio(logp: torch.Tensor, accuracy: torch.Tensor, shift: str) -> torch.Tensor:
+    """The ratio an expert (offline) token is trained with, [B, T], from its log-prob under the policy
+    and its group's accuracy a [B] (the share of correct answers in the group, the expert's included).
+
+    RED's accuracy-aware policy shift: the behaviour probability of an expert token is taken as
+    b = a + (1 − a)·π, so the ratio π / b = π / (π + (1 − π)·a) is near π (imitate, as if the
+    expert's probability were 1) when the group is mostly right, and near 1 (close to on-policy, a
+    weak pull) when it is mostly wrong. `none` is the ratio π alone (a
+    behaviour probability of 1, the path the paper's released code runs). Nothing is detached: the
+    gradient flows through numerator and denominator, as in that code."""
+    p = torch.exp(logp)
+    if shift == "none":
+        return p
+    if shift != "accuracy":
+        raise ValueError(f"offline shift must be one of {', '.join(OFFLINE_SHIFTS)}, got {shift!r}")
+    a = accuracy[:, None].to(p.dtype)
+    return p / (p + (1 - p) * a).clamp(min=1e-12)
+
+
+def red_paper_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                   offline: torch.Tensor, accuracy: torch.Tensor, clip_low: float, clip_high: float, agg: str,
+                   shift: str = "accuracy") -> tuple[torch.Tensor, dict]:
+    """The policy loss with expert sequences inside the groups: rows where `offline` [B] (bool) is
+    true are expert tokens, with per-token loss −A·offline_ratio (unclipped, as in the paper's code);
+    the other rows are rollouts with PPO-clip. One aggregation (`agg`) over all trained tokens, so an
+    expert sequence is length-normalised exactly like a rollout. Returns (loss, {"clip_frac",
+    "ratio_mean" over rollout tokens, "offline_ratio_mean" over expert tokens})."""
+    online_tokens, was_clipped, ratio = _ppo_clip_tokens(logp, old_logp, adv, clip_low, clip_high)
+    expert_ratio = offline_ratio(logp, accuracy, shift)
+    off = offline[:, None]
+    per_token = torch.where(off, -adv[:, None] * expert_ratio, online_tokens)
+    with torch.no_grad():
+        on_mask, off_mask = mask * (~off).float(), mask * off.float()
+        stats = {"clip_frac": agg_token_mean(was_clipped.float(), on_mask).item(),
+                 "ratio_mean": agg_token_mean(ratio, on_mask).item(),
+                 "offline_ratio_mean": agg_token_mean(expert_ratio, off_mask).item()}
+    return aggregate(agg, per_token, mask), stats
+
+
+def red_paper_entropy_weight(h_sft: float, h_rl: float, prev_sft: float | None, prev_rl: float | None,
+                             cap: float) -> float:
+    """clamp(|(1 − H_sft/H_sft_prev) / (1 − H_rl/H_rl_prev)|, 1, cap): how fast the entropy on the
+    expert tokens moves relative to the rollouts', step over step (no EMA, as in the paper's code);
+    1 on the first step, when either previous entropy is missing or zero, or when nothing moved.
+    It multiplies the expert samples' advantages."""
+    if not prev_sft or not prev_rl:
+        return 1.0
+    num, den = 1.0 - h_sft / prev_sft, 1.0 - h_rl / prev_rl
+    if den == 0.0:
+        return 1.0 if num == 0.0 else cap
+    ratio = abs(num / den)
+    return min(max(ratio, 1.0), cap) if math.isfinite(ratio) else 1.0
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from utils.agent.retrieval import run_retriever
 from utils.agent.rollout import Codec, Rollout, RolloutSpec
-from utils.agent.traces import read_trace_examples
+from utils.agent.traces import read_offline_samples, read_trace_examples
 from utils.core.checkpoint import save_weights
 from utils.core.cli import parse_stage_args
 from utils.core.config import to_dict
@@ -88,8 +88,9 @@ def build_trainer(cfg, adapter: Path, traces: Path, train_path: Path, spec_path:
     engine = make_engine(cfg.model.engine.name, base, cfg.model.engine, cfg.seed, remote)
     rollout = Rollout(engine, Codec(tok, cfg.model.templates), RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature),
                       run_retriever(cfg))
+    offline = read_offline_samples(traces) if cfg.algorithm.red_paper.offline else {}
     return GrpoTrainer(cfg, model, engine, rollout, read_spec(spec_path), questions, read_trace_examples(traces),
-                       tok.pad_token_id, out, logger, config_sha)
+                       tok.pad_token_id, out, logger, config_sha, offline)
 
 
 def rl_questions(rows: list[dict], cfg, path: Path) -> list[dict]:
