@@ -1,10 +1,12 @@
 """09_driver: run the whole chain for one or more methods and seeds.
 
-    python 09_driver.py --method red|grpo|fixed_sft|matched_sft|sft|rloo|gspo|all [--run_id run_001] [--seeds 1,2,3]
+    python 09_driver.py --method red|grpo|fixed_sft|matched_sft|sft|rloo|gspo|red_paper|all|M1,M2,…
+                        [--run_id run_001] [--seeds 1,2,3]
                         [--config run.yaml] [--model tiny-arith] [--data synthetic_arith] [--force]
                         [--set key=value ...]
 
-`all` is the RED study: red, grpo, fixed_sft, matched_sft and sft; rloo and gspo run by name.
+`all` is the RED study: red, grpo, fixed_sft, matched_sft and sft; rloo, gspo and red_paper run by name
+or in a list (`--method red,red_paper,grpo,rloo,gspo`).
 Per seed: 00 → 01 → 02 → 03 → 04 → each method's 05/06 (red before matched_sft, which reads red's mean
 SFT weight) → 07 on base, sft_warmup and every method, in one process sharing one engine; then
 08_compare_runs over all seeds writes outputs/<run_id>/08_compare_runs/report.md.
@@ -32,8 +34,9 @@ from utils.driver import REPORT, RunManifest, batches, plan, run_batch, stage_pa
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--method", default="red", choices=[*METHODS, "all"],
-                    help=f"a method, or all: the RED study's arms ({', '.join(STUDY)})")
+    ap.add_argument("--method", default="red",
+                    help=f"a method ({', '.join(METHODS)}), a comma-separated list of them, or all: the RED "
+                         f"study's arms ({', '.join(STUDY)})")
     ap.add_argument("--run_id", default="run_001")
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the config's seed)")
     ap.add_argument("--config", default=None, help="run-level YAML merged over the tiers")
@@ -42,7 +45,12 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="re-run every stage")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args(argv)
-    methods = list(STUDY) if args.method == "all" else [args.method]
+    methods = list(STUDY) if args.method == "all" else [m.strip() for m in args.method.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        ap.error(f"--method {args.method!r}: unknown method {', '.join(map(repr, unknown)) or '(none given)'}; "
+                 f"valid: {', '.join(METHODS)}, all, or a comma-separated list")
+    methods = list(dict.fromkeys(methods))  # a method named twice runs once
     try:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [None]
     except ValueError:
