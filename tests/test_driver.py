@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset
@@ -138,3 +140,19 @@ def test_evaluations_come_last_and_share_one_batch():
     grouped = [[s.dir_name for s in b] for b in batches(steps)]
     assert grouped[:7] == [[s.dir_name] for s in steps[:7]]  # every other stage runs alone
     assert grouped[7] == [s.dir_name for s in steps[7:]] and len(grouped) == 8
+
+
+def test_method_lists_are_parsed_and_unknown_names_refused(tmp_path, capsys, monkeypatch):
+    import importlib
+
+    driver = importlib.import_module("09_driver")
+    seen = {}
+    monkeypatch.setattr(driver, "_run", lambda args, methods, *rest: seen.setdefault("methods", methods) and 0)
+    common = ["--run_id", "lists", "--set", f"outputs_dir={tmp_path}"]
+    assert driver.main(["--method", "red, red_paper,grpo,red", *common]) == 0
+    assert seen["methods"] == ["red", "red_paper", "grpo"]  # spaces dropped, the repeat runs once
+    for bad in ("red,bogus", ","):
+        with pytest.raises(SystemExit) as exc:
+            driver.main(["--method", bad, *common])
+        assert exc.value.code == 2
+    assert "unknown method 'bogus'; valid: red, grpo" in capsys.readouterr().err
