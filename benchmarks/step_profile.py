@@ -181,7 +181,7 @@ def main() -> int:
     p2 = (tokens / dt) / (hf_tokens / hf_dt)
     p3 = bare_dt / update_dt
     print(f"P1={p1:.2f} P2={p2:.2f} P3={p3:.2f} sync_share={mean('time/weight_sync') / step_s:.3f}")
-    trainer.engine.close()
+    trainer.close()
     return 0
 
 

@@ -151,6 +151,10 @@ class RlConfig:
     train_roles: str = field("both", "Whose segments the policy loss trains: both roles share the episode's "
                                      "advantage (the paper), or only the planner's (the executor keeps its "
                                      "warmup behaviour, plus the SFT term when on).", TRAIN_ROLES)
+    process_weight: float = field(1.0, "With reward.process on: a planner token's advantage is the episode's plus "
+                                       "this times the discounted sum of its group-normalised step rewards from "
+                                       "its turn on (executor tokens keep the episode's).")
+    process_gamma: float = field(1.0, "Discount of later steps' process rewards.")
     kl_coef: float = field(0.0, "k3 KL coefficient to the reference: the SFT warmup adapter RL starts from.")
     entropy_coef: float = field(0.0, "beta: entropy bonus.")
     ppo_epochs: int = field(1, "Optimizer passes per rollout batch.")
@@ -257,6 +261,18 @@ class JudgeConfig:
 
 
 @dataclass
+class ProcessRewardConfig:
+    source: str = field("none", "Process rewards, one per planner step (utils/reward/process.py): none, verifier "
+                                "(the step is the gold chain's next step; rows with meta.steps) or judge (the "
+                                "SFT warmup asked yes/no on its own engine).", ("none", "verifier", "judge"))
+    judge_template: str = field("question: {question}\nsteps: {steps}\nnext: {subtask}\nis next a sensible next "
+                                "step? yes or no: ", "judge: the prompt; {question}, {steps} (earlier subtasks), "
+                                "{subtask}.")
+    judge_max_tokens: int = field(4, "judge: tokens of the reply read for a yes or no.")
+    judge_engine: str = field("hf", "judge: the engine serving the judge (the SFT warmup adapter).", ENGINE_NAMES)
+
+
+@dataclass
 class RewardConfig:
     answer_scale: float = field(6.0, "Composite: answer_scale*score + answer_shift + format_weight*format.")
     answer_shift: float = field(-3.0, "Composite shift (seed default -3).")
@@ -270,6 +286,8 @@ class RewardConfig:
                                                       "(utils/reward/scorers.py subtask_independence).")
     numeric_rel_tol: float = field(1e-4, "Relative tolerance of the numeric scorer.")
     judge: JudgeConfig = field(JudgeConfig(), "Optional LLM judge (replaces the scorer when enabled).")
+    process: ProcessRewardConfig = field(ProcessRewardConfig(), "Step-level process rewards (CDRA), used by "
+                                                                "algorithm.rl.process_weight.")
 
 
 @dataclass
@@ -336,8 +354,22 @@ def load_run_config(model: str = "tiny-arith", algorithm: str = "red", data: str
         other = implied_method(cfg.algorithm)
         hint = f"; these flags are method '{other}': use --algorithm {other}" if other else ""
         raise ConfigError(f"algorithm.method '{cfg.algorithm.method}' contradicts {'; '.join(problems)}{hint}")
+    check_process(cfg)
     check_run_id(cfg.run_id)
     return cfg
+
+
+def check_process(cfg: RunConfig) -> None:
+    """Process rewards give planner tokens their own advantages: only PPO-clip's per-token loss takes
+    them (GSPO's ratio is per sequence; red_paper's expert sequences have no planner turns of their own)."""
+    if cfg.reward.process.source == "none" or not cfg.algorithm.rl.enabled:
+        return
+    if cfg.algorithm.rl.policy_loss != "ppo_clip" or cfg.algorithm.red_paper.offline:
+        raise ConfigError(f"reward.process.source={cfg.reward.process.source} needs per-token advantages, which "
+                          f"method '{cfg.algorithm.method}' does not take (policy_loss "
+                          f"{cfg.algorithm.rl.policy_loss}, red_paper.offline "
+                          f"{str(cfg.algorithm.red_paper.offline).lower()}); use it with red, grpo, fixed_sft, "
+                          f"matched_sft or rloo")
 
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*")

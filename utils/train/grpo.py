@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from utils.agent.episode import Episode, episode_sequences
+from utils.agent.protocol import PLANNER
 from utils.core.schema import TRAIN_ROLES
 from utils.core.tensors import pad
 from utils.train.losses import (advantages, aggregate, k3_kl, policy_loss, red_paper_entropy_weight, red_paper_loss,
@@ -47,28 +48,45 @@ class RlBatch:
     roles: list[str]
     offline: torch.Tensor | None = None  # [S] bool
     accuracy: torch.Tensor | None = None  # [S]
+    token_adv: torch.Tensor | None = None  # [S, T-1]: with process rewards, per-token advantages
+
+
+def _token_advantages(ep: Episode, ex, adv: float, bonus: list[float]) -> list[float]:
+    """Per token of `ex`: the episode's advantage, plus on a planner conversation turn k's `bonus[k]`
+    over that turn's generated tokens (each turn's tokens start where its context ends)."""
+    out = [adv] * len(ex.ids)
+    if ex.role == PLANNER:
+        for seg, b in zip((s for s in ep.segments if s.role == PLANNER), bonus):
+            start = len(seg.context_ids)
+            out[start:start + len(seg.gen_ids)] = [adv + b] * len(seg.gen_ids)
+    return out
 
 
 def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int, roles: str = "both",
-                   offline: list[tuple] = ()) -> RlBatch | None:
+                   offline: list[tuple] = (), turn_bonus: list[list[float]] | None = None) -> RlBatch | None:
     """Every trained sequence of the episodes (utils/agent/episode.py) whose role `roles` selects
     ("both", "planner", "executor"), each with its episode's advantage, then the `offline`
     (Example, advantage, group accuracy) expert sequences of red_paper; None if no sequence has a
-    trained token. Expert sequences have no sampler: their sampler log-probs are 0."""
+    trained token. Expert sequences have no sampler: their sampler log-probs are 0. With
+    `turn_bonus` (per episode, per planner turn: process rewards) the batch carries per-token
+    advantages (`token_adv`)."""
     if roles not in TRAIN_ROLES:
         raise ValueError(f"roles must be {', '.join(TRAIN_ROLES[:-1])} or {TRAIN_ROLES[-1]}, got {roles!r}")
-    seqs = [(ex, a, None) for ep, a in zip(episodes, adv.tolist()) for ex in episode_sequences(ep)]
-    seqs += [(ex, a, acc) for ex, a, acc in offline]
+    bonus = turn_bonus or [[] for _ in episodes]
+    seqs = [(ex, a, None, _token_advantages(ep, ex, a, b) if turn_bonus is not None else None)
+            for ep, a, b in zip(episodes, adv.tolist(), bonus) for ex in episode_sequences(ep)]
+    seqs += [(ex, a, acc, [a] * len(ex.ids)) for ex, a, acc in offline]
     seqs = [s for s in seqs if sum(s[0].mask) and roles in ("both", s[0].role)]
     if not seqs:
         return None
-    ids, attn = pad([ex.ids for ex, _, _ in seqs], pad_id, torch.long)
-    mask, _ = pad([ex.mask for ex, _, _ in seqs], 0, torch.float)
-    lp, _ = pad([ex.logprobs or [0.0] * len(ex.ids) for ex, _, _ in seqs], 0.0, torch.float)
+    ids, attn = pad([s[0].ids for s in seqs], pad_id, torch.long)
+    mask, _ = pad([s[0].mask for s in seqs], 0, torch.float)
+    lp, _ = pad([s[0].logprobs or [0.0] * len(s[0].ids) for s in seqs], 0.0, torch.float)
+    token_adv = pad([s[3] for s in seqs], 0.0, torch.float)[0][:, 1:] if turn_bonus is not None else None
     # position t of ids is predicted from position t-1: shift the token-aligned mask and log-probs
-    return RlBatch(ids, attn, mask[:, 1:], lp[:, 1:], torch.tensor([a for _, a, _ in seqs]),
-                   [ex.role for ex, _, _ in seqs], torch.tensor([acc is not None for _, _, acc in seqs]),
-                   torch.tensor([acc or 0.0 for _, _, acc in seqs]))
+    return RlBatch(ids, attn, mask[:, 1:], lp[:, 1:], torch.tensor([s[1] for s in seqs]),
+                   [s[0].role for s in seqs], torch.tensor([s[2] is not None for s in seqs]),
+                   torch.tensor([s[2] or 0.0 for s in seqs]), token_adv)
 
 
 @dataclass
@@ -109,7 +127,8 @@ def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor, sft: tuple | None
     if offline:
         pg, pg_stats = _offline_policy_loss(logp, old_lp, ent, batch, alg, paper_state or {})
     else:
-        pg, pg_stats = policy_loss(rl.policy_loss, logp, old_lp, batch.adv, batch.mask, rl.clip_low, rl.clip_high,
+        adv = batch.token_adv if batch.token_adv is not None else batch.adv
+        pg, pg_stats = policy_loss(rl.policy_loss, logp, old_lp, adv, batch.mask, rl.clip_low, rl.clip_high,
                                    rl.loss_agg, sampler_logp=batch.sampler_lp, tis_cap=rl.tis_cap)
     h_rl = aggregate("token-mean", ent, rollout_mask)
     loss = pg - rl.entropy_coef * h_rl

@@ -25,7 +25,8 @@ from utils.core.stream import Cursor, take
 from utils.reward.spec import score_answer, score_episodes
 from utils.train.guard import SkipStreak, guarded_step
 from utils.train.grpo import build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
-from utils.train.losses import RedState, red_update
+from utils.reward.process import verifier_rewards
+from utils.train.losses import RedState, process_advantages, red_update
 from utils.train.policy import forward_logprobs, reference_logprobs, sft_batch, sft_terms
 
 
@@ -48,6 +49,7 @@ class GrpoTrainer:
         self.cfg, self.alg, self.model, self.engine, self.rollout = cfg, cfg.algorithm, model, engine, rollout
         self.spec, self.rows, self.sft_examples, self.pad_id = spec, rows, sft_examples, pad_id
         self.offline = offline or {}  # red_paper: question id -> OfflineSample (utils/agent/traces.py)
+        self.prm = None  # reward.process.source judge: a JudgePRM (utils/reward/process.py), set by build_trainer
         self.out, self.logger, self.config_sha = out_dir, logger, config_sha
         params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=self.alg.rl.lr, weight_decay=self.alg.rl.weight_decay)
@@ -175,7 +177,9 @@ class GrpoTrainer:
         replaced = {i for i, _, _ in experts}
         kept = [i for i in range(len(episodes)) if i not in replaced]
         offline = [(ex, adv[i].item(), acc) for i, sample, acc in experts for ex in sample.examples]
-        batch = build_rl_batch([episodes[i] for i in kept], adv[kept], self.pad_id, rl.train_roles, offline)
+        bonus, process_stats = self._process_bonus(rows, episodes) if self.spec.process.source != "none" else (None, {})
+        batch = build_rl_batch([episodes[i] for i in kept], adv[kept], self.pad_id, rl.train_roles, offline,
+                               bonus)
         if experts:
             stats_offline = {"red_paper/offline_groups": len(experts),
                              "red_paper/group_accuracy": sum(a for _, _, a in experts) / len(experts)}
@@ -183,6 +187,7 @@ class GrpoTrainer:
         timings["time/logprobs"] = time.time() - t0
         t0 = time.time()
         stats, skipped = self._update(batch, old_lp, accuracy, ref_lp)
+        stats.update(process_stats)
         if experts:
             stats.update(stats_offline)
         mismatch = stats.pop("rollout/logprob_mismatch", 0.0)
@@ -211,6 +216,29 @@ class GrpoTrainer:
             answers = [s["answer"] for s in scored[g * n:i]] + [comps["answer"]]
             experts.append((i, sample, sum(answers) / n))
         return group_rewards, experts
+
+    def _process_bonus(self, rows: list[dict], episodes: list) -> tuple[list[list[float]], dict]:
+        """Per episode and planner turn, process_weight × the discounted, group-normalised step rewards
+        (utils/train/losses.py process_advantages) of the verifier or the judge, and their stats."""
+        rl, n = self.alg.rl, self.alg.rl.n_samples
+        if self.spec.process.source == "verifier":
+            steps = [verifier_rewards(ep, rows[i // n]) for i, ep in enumerate(episodes)]
+        else:
+            before = self.prm.unparsed
+            steps = self.prm(episodes)
+        bonus = [[rl.process_weight * b for b in ep] for ep in process_advantages(steps, n, rl.process_gamma)]
+        scored = [r for ep in steps for r in ep if r is not None]
+        stats = {"process/step_reward_mean": sum(scored) / len(scored) if scored else 0.0,
+                 "process/steps_per_episode": len(scored) / max(len(episodes), 1)}
+        if self.prm is not None and self.spec.process.source == "judge":
+            stats["process/judge_unparsed"] = (self.prm.unparsed - before) / max(len(scored), 1)
+        return bonus, stats
+
+    def close(self) -> None:
+        """Shut the sampling engine and, with a judge PRM, the judge's."""
+        self.engine.close()
+        if self.prm is not None:
+            self.prm.engine.close()
 
     def train(self, progress=None) -> list[dict]:
         history = []

@@ -136,7 +136,7 @@ def _ppo_clip_tokens(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tens
                      clip_high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(per-token loss, clipped-mask, ratio), all [B, T]: max(-A·r, -A·clip(r, 1-clip_low, 1+clip_high))."""
     ratio = torch.exp(logp - old_logp)  # [B, T]
-    a = adv[:, None]  # [B, 1]
+    a = adv[:, None] if adv.dim() == 1 else adv  # [B, 1], or [B, T] with per-token (process) advantages
     unclipped = -a * ratio
     clipped = -a * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
     return torch.maximum(unclipped, clipped), clipped > unclipped, ratio
@@ -147,7 +147,8 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
                   is_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """PPO-clip with asymmetric clipping (clip-higher, DAPO).
 
-    logp, old_logp, mask [B, T]; adv [B] (one advantage per sequence, broadcast over its tokens);
+    logp, old_logp, mask [B, T]; adv [B] (one advantage per sequence, broadcast over its tokens) or
+    [B, T] (per token: process rewards);
     is_weight [B, T] or None: a detached per-token factor (truncated importance sampling).
     Per token: w·max(-A·r, -A·clip(r, 1-clip_low, 1+clip_high)), r = exp(logp - old_logp).
     Returns (scalar loss, {"clip_frac", "ratio_mean"}) with stats over trained tokens.
@@ -224,6 +225,31 @@ def policy_loss(name: str, logp: torch.Tensor, old_logp: torch.Tensor, adv: torc
                  "tis_clip_frac": agg_token_mean((raw > tis_cap).float(), mask).item()}
     loss, loss_stats = fn(logp, old_logp, adv, mask, clip_low, clip_high, agg, is_weight=weight)
     return loss, {**loss_stats, **stats}
+
+
+# ---------------------------------------------------------------- process rewards
+
+def process_advantages(step_rewards: list[list[float | None]], group_size: int, gamma: float,
+                       eps: float = EPS) -> list[list[float]]:
+    """Per episode and planner turn, Σ_{j≥k} γ^(j−k)·r̃_j: the discounted sum of the group-normalised
+    step rewards from turn k on (DeepSeekMath's process supervision, with a discount). r̃ = (r − mean)
+    / (std + eps) over the step rewards of the episode's group (episodes i·n … i·n + n − 1), unbiased
+    std as in the group advantage; a turn without a step reward (None) adds 0; a group with fewer
+    than two step rewards, or all equal, gives 0 everywhere."""
+    out = []
+    for g in range(0, len(step_rewards), group_size):
+        group = step_rewards[g:g + group_size]
+        vals = torch.tensor([r for ep in group for r in ep if r is not None], dtype=torch.float64)
+        mean = vals.mean().item() if len(vals) else 0.0
+        std = vals.std().item() if len(vals) > 1 else 0.0
+        for ep in group:
+            norm = [0.0 if r is None or not std > eps else (r - mean) / (std + eps) for r in ep]
+            acc, ret = 0.0, [0.0] * len(ep)
+            for k in range(len(ep) - 1, -1, -1):
+                acc = norm[k] + gamma * acc
+                ret[k] = acc
+            out.append(ret)
+    return out
 
 
 # ---------------------------------------------------------------- RED as its paper's code has it

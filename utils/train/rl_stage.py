@@ -89,8 +89,16 @@ def build_trainer(cfg, adapter: Path, traces: Path, train_path: Path, spec_path:
     rollout = Rollout(engine, Codec(tok, cfg.model.templates), RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature),
                       run_retriever(cfg))
     offline = read_offline_samples(traces) if cfg.algorithm.red_paper.offline else {}
-    return GrpoTrainer(cfg, model, engine, rollout, read_spec(spec_path), questions, read_trace_examples(traces),
-                       tok.pad_token_id, out, logger, config_sha, offline)
+    spec = read_spec(spec_path)
+    trainer = GrpoTrainer(cfg, model, engine, rollout, spec, questions, read_trace_examples(traces),
+                          tok.pad_token_id, out, logger, config_sha, offline)
+    if spec.process.source == "judge" and cfg.algorithm.rl.enabled:
+        from utils.reward.process import JudgePRM
+
+        judge = make_engine(spec.process.judge_engine, base, cfg.model.engine, cfg.seed, remote)
+        judge.set_adapter(adapter)  # the judge is the SFT warmup RL starts from, fixed for the run
+        trainer.prm = JudgePRM(judge, tok, spec.process.judge_template, spec.process.judge_max_tokens)
+    return trainer
 
 
 def rl_questions(rows: list[dict], cfg, path: Path) -> list[dict]:
@@ -127,7 +135,7 @@ def run_rl_stage(stage: str, description: str, argv: list[str], default_algorith
         logger = MetricsLogger.create(out / "metrics.jsonl", cfg.wandb_mode, WANDB_PROJECT, f"{cfg.run_id}-{method}",
                                       to_dict(cfg))
         trainer = build_trainer(cfg, adapter, traces, train_path, spec_path, out, logger, run.data["config_sha256"])
-        engine, model = trainer.engine, trainer.model
+        model = trainer.model
         resumed = trainer.try_resume()
         if resumed:
             print(f"{stage}: resuming {method} from step {trainer.state.step}")
@@ -135,7 +143,7 @@ def run_rl_stage(stage: str, description: str, argv: list[str], default_algorith
             trainer.train(bar)
         logger.finish()
         save_weights(model, out / "final_adapter")
-        engine.close()
+        trainer.close()
         run.add_output(out / "final_adapter")
         run.add_output(out / "metrics.jsonl")
         run.metrics.update(_summary(method, trainer.state.step, resumed, read_jsonl(out / "metrics.jsonl")))
