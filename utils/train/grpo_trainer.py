@@ -179,7 +179,7 @@ class GrpoTrainer:
         offline = [(ex, adv[i].item(), acc) for i, sample, acc in experts for ex in sample.examples]
         bonus, process_stats = self._process_bonus(rows, episodes) if self.spec.process.source != "none" else (None, {})
         batch = build_rl_batch([episodes[i] for i in kept], adv[kept], self.pad_id, rl.train_roles, offline,
-                               bonus)
+                               [bonus[i] for i in kept] if bonus is not None else None)
         if experts:
             stats_offline = {"red_paper/offline_groups": len(experts),
                              "red_paper/group_accuracy": sum(a for _, _, a in experts) / len(experts)}
@@ -224,6 +224,8 @@ class GrpoTrainer:
         if self.spec.process.source == "verifier":
             steps = [verifier_rewards(ep, rows[i // n]) for i, ep in enumerate(episodes)]
         else:
+            if self.prm is None:
+                raise RuntimeError("reward.process.source judge: no judge engine (build_trainer starts one)")
             before = self.prm.unparsed
             steps = self.prm(episodes)
         bonus = [[rl.process_weight * b for b in ep] for ep in process_advantages(steps, n, rl.process_gamma)]
