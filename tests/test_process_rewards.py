@@ -140,3 +140,24 @@ def test_the_trainer_adds_verified_step_rewards(hf_engine, protocol_adapter, tmp
     steps = [verifier_rewards(ep, rows[i // 3]) for i, ep in enumerate(episodes)]
     scored = [r for ep in steps for r in ep if r is not None]
     assert m["process/step_reward_mean"] == pytest.approx(sum(scored) / len(scored), rel=1e-5)
+
+
+def test_masked_tokens_cannot_change_a_per_token_advantage_loss():
+    from test_losses import MASK
+    from utils.train.losses import AGGREGATIONS
+
+    torch.manual_seed(5)
+    old, adv = torch.randn(2, 4) * 0.3, torch.randn(2, 4)
+    adv_b = adv.clone()
+    adv_b[MASK == 0] += 7.0  # advantages of prompt, result and padding positions are never read
+    for agg in AGGREGATIONS:
+        a = (torch.randn(2, 4) * 0.3).requires_grad_(True)
+        b = a.detach().clone()
+        b[MASK == 0] += 2.0
+        b.requires_grad_(True)
+        la, _ = policy_loss("ppo_clip", a, old, adv, MASK, 0.2, 0.28, agg)
+        lb, _ = policy_loss("ppo_clip", b, old, adv_b, MASK, 0.2, 0.28, agg)
+        la.backward()
+        lb.backward()
+        assert la.item() == pytest.approx(lb.item(), abs=1e-7), agg
+        torch.testing.assert_close(a.grad, b.grad)
