@@ -77,10 +77,16 @@ class Episode:
         return len({s.turn for s in self.segments if s.role == EXECUTOR})
 
     @property
-    def subtasks(self) -> list[str]:
-        """The subtasks the planner delegated, in order (what each executor call was given)."""
+    def turn_subtasks(self) -> list[str | None]:
+        """Per planner turn, the subtask it delegated, stripped (what its executor call was given);
+        None for a turn that delegates nothing (an answer, a malformed or empty task)."""
         tasks = (last_action(s.text)[1] for s in self.segments if s.role == PLANNER)
-        return [t.strip() for t in tasks if t is not None and t.strip()]
+        return [t.strip() if t is not None and t.strip() else None for t in tasks]
+
+    @property
+    def subtasks(self) -> list[str]:
+        """The subtasks the planner delegated, in order."""
+        return [t for t in self.turn_subtasks if t is not None]
 
     @property
     def format_score(self) -> float:

@@ -10,7 +10,7 @@ user turn of the tokenizer's chat template, with the generation prompt appended.
 """
 from __future__ import annotations
 
-from utils.agent.protocol import EXECUTOR, PLANNER
+from utils.agent.protocol import EXECUTOR, PLANNER, thinks_actor_critic
 from utils.core.config import ConfigError
 from utils.core.schema import TemplatesConfig
 
@@ -40,7 +40,7 @@ def _framed(t: TemplatesConfig, context: str | None) -> str:
 
 def actor_critic_for(t: TemplatesConfig, role: str) -> bool:
     """Whether `role` thinks in the actor-critic mode under templates `t`."""
-    return t.thinking == "actor_critic" and t.actor_critic_roles in ("both", role)
+    return thinks_actor_critic(t.thinking, t.actor_critic_roles, role)
 
 
 def _role_prompt(t: TemplatesConfig, text: str, tokenizer, role: str) -> str:

@@ -53,6 +53,12 @@ ACTOR_CRITIC_LABELS = ("actor", "critic", "refined")
 _ACTOR_CRITIC = re.compile(r"\s*actor:(.*?)\bcritic:(.*?)\brefined:(.*)", re.DOTALL)
 
 
+def thinks_actor_critic(thinking: str, roles: str, role: str) -> bool:
+    """Whether `role` thinks in the actor-critic mode under model.templates.thinking and
+    actor_critic_roles ("both", "planner" or "executor")."""
+    return thinking == "actor_critic" and roles in ("both", role)
+
+
 def actor_critic_think(actor: str, critic: str, refined: str) -> str:
     """The body of an actor-critic think block."""
     return f"actor: {actor} critic: {critic} refined: {refined}"

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from utils.agent.episode import Episode, Example, Segment, episode_sequences
 from utils.agent.protocol import (EXECUTOR, PLANNER, SEARCH, TASK, THINK, actor_critic_think, executor_turn,
-                                  extract_tag, planner_answer_turn, planner_task_turn, wrap)
+                                  extract_tag, planner_answer_turn, planner_task_turn, thinks_actor_critic, wrap)
 from utils.agent.rollout import Codec
 from utils.agent.sampling import derive_seed
 from utils.core.config import ConfigError
@@ -64,7 +64,7 @@ class ThinkStyle:
         return cls(t.thinking, rate, cfg.seed, t.actor_critic_roles)
 
     def _on(self, role: str) -> bool:
-        return self.mode == "actor_critic" and self.roles in ("both", role)
+        return thinks_actor_critic(self.mode, self.roles, role)
 
     def planner(self, remaining: str, decision: str) -> str:
         return actor_critic_think(remaining, "ok", decision) if self._on(PLANNER) else remaining
@@ -242,19 +242,23 @@ def trace_record(trace: Trace, examples: list[Example], source: str) -> dict:
             "examples": [e.to_json() for e in examples]}
 
 
+def _record_examples(path, i: int, rec: dict, roles=(PLANNER, EXECUTOR)) -> list[Example]:
+    """The training examples of row `i` of sft_traces.jsonl whose role is in `roles`."""
+    out = []
+    try:
+        for e in rec["examples"]:
+            if e["role"] in roles:
+                if len(e["ids"]) != len(e["mask"]):
+                    raise DataError(path, i, "examples.mask", "mask and ids differ in length")
+                out.append(Example(rec["qid"], e["role"], e["ids"], e["mask"]))
+    except (KeyError, TypeError) as exc:
+        raise DataError(path, i, None, f"not a trace record ({type(exc).__name__}: {exc})") from None
+    return out
+
+
 def read_trace_examples(path, roles=(PLANNER, EXECUTOR)) -> list[Example]:
     """All training examples of sft_traces.jsonl; errors name the file and row."""
-    out = []
-    for i, rec in read_records(path):
-        try:
-            for e in rec["examples"]:
-                if e["role"] in roles:
-                    if len(e["ids"]) != len(e["mask"]):
-                        raise DataError(path, i, "examples.mask", "mask and ids differ in length")
-                    out.append(Example(rec["qid"], e["role"], e["ids"], e["mask"]))
-        except (KeyError, TypeError) as exc:
-            raise DataError(path, i, None, f"not a trace record ({type(exc).__name__}: {exc})") from None
-    return out
+    return [e for i, rec in read_records(path) for e in _record_examples(path, i, rec, roles)]
 
 
 @dataclass
@@ -271,16 +275,14 @@ class OfflineSample:
 
 
 def read_offline_samples(path) -> dict[str, OfflineSample]:
-    """sft_traces.jsonl as {question id: OfflineSample} (the first trace of a question wins);
-    errors name the file and row."""
-    examples: dict[str, list[Example]] = {}
-    for e in read_trace_examples(path):
-        examples.setdefault(e.qid, []).append(e)
+    """sft_traces.jsonl as {question id: OfflineSample}, in one pass (the first trace of a question
+    wins); errors name the file and row."""
     out = {}
     for i, rec in read_records(path):
+        examples = _record_examples(path, i, rec)
         try:
             if rec["qid"] not in out:
-                out[rec["qid"]] = OfflineSample(examples.get(rec["qid"], []), str(rec["answer"]),
+                out[rec["qid"]] = OfflineSample(examples, str(rec["answer"]),
                                                 [str(task) for task, _ in rec["executor_calls"]])
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(path, i, None, f"not a trace record ({type(exc).__name__}: {exc})") from None

@@ -29,6 +29,7 @@ RETRIEVER_NAMES = ("none", "bm25", "dense")  # utils/agent/retrieval.py RETRIEVE
 TRAIN_ROLES = ("both", "planner", "executor")  # utils/train/grpo.py build_rl_batch
 INDEPENDENCE_REFS = (r"\b(it|its|this|that|these|those|above|previous|prior|earlier|last|same|former|latter)\b"
                      r"|\bthe (result|answer|output|value)s?\b|\bstep\s*\d+|#\d+|<result>")
+OFFLINE_SHIFTS = ("accuracy", "none")  # utils/train/losses.py offline_ratio
 THINKING_MODES = ("plain", "actor_critic")  # utils/agent/protocol.py split_actor_critic
 LEAKAGE_POLICIES = ("drop_from_train", "warn", "error")  # utils/data/prepare.py
 
@@ -174,7 +175,7 @@ class RedPaperConfig:
                                  "(utils/train/losses.py red_paper_loss).")
     policy_shift: str = field("accuracy", "The offline tokens' ratio: accuracy (pi / (pi + (1 - pi) * group "
                                           "accuracy), the paper's accuracy-aware policy shift) or none (pi: an "
-                                          "assumed behaviour probability of 1).", ("accuracy", "none"))
+                                          "assumed behaviour probability of 1).", OFFLINE_SHIFTS)
     entropy_weight_max: float = field(7.0, "Upper clamp of the entropy-change weight on the offline samples' "
                                            "advantages (the paper's code: 7).")
 

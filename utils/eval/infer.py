@@ -9,8 +9,9 @@ answer, with timings.
 `--checkpoint` is `base`, `sft_warmup`, a method or an adapter directory (default `sft_warmup`);
 `--engine` is `vllm` (offline), `hf` or `openai` (an endpoint started by `python -m
 utils.eval.serve`, `model.engine.base_url`). `--thinking actor_critic` switches the prompts to
-the procedural-thinking template (actor, critic, refined inside <think>) and prints those parts. A JSONL row has a `question`, and may have `answers`
-(then each answer is scored with the data config's scorer) and a `context`. Greedy unless
+the procedural-thinking template (actor, critic, refined inside <think>) and prints those parts.
+A JSONL row has a `question`, and may have `answers` (then each answer is scored with the data
+config's scorer) and a `context`. Greedy unless
 `--temperature` says otherwise. The run's search tool is used when its data config turns it on.
 Times are wall seconds of each engine request, from its submission to its result: with several
 questions the requests share the engine, so they overlap.

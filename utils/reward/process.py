@@ -20,22 +20,9 @@ from __future__ import annotations
 import re
 
 from utils.agent.episode import Episode
-from utils.agent.protocol import ANSWER, EXECUTOR, PLANNER, extract_tag, last_action
+from utils.agent.protocol import ANSWER, EXECUTOR, extract_tag
 from utils.agent.sampling import SamplingSpec
-
-
-def _norm(text: str) -> str:
-    return "".join(str(text).lower().split())
-
-
-def planner_subtasks(ep: Episode) -> list[str | None]:
-    """Per planner turn, the subtask it delegated (None for an answer or a malformed turn)."""
-    out = []
-    for s in ep.segments:
-        if s.role == PLANNER:
-            _, task = last_action(s.text)
-            out.append(task.strip() if task is not None and task.strip() else None)
-    return out
+from utils.reward.scorers import compact
 
 
 def executor_results(ep: Episode) -> dict[int, str | None]:
@@ -63,13 +50,13 @@ def expected_steps(gold: list[tuple[str, str]], results: dict[int, str | None]) 
 def verifier_rewards(ep: Episode, row: dict) -> list[float | None]:
     """One value per planner turn: 1 if its subtask is the expected gold step, 0 if not, None for a
     turn that delegates nothing; all None for a row without a gold decomposition."""
-    tasks = planner_subtasks(ep)
+    tasks = ep.turn_subtasks
     steps = (row.get("meta") or {}).get("steps") or []
     if not steps:
         return [None] * len(tasks)
     gold = [(str(s["task"]), str(s["result"])) for s in steps]
     want = expected_steps(gold, executor_results(ep))
-    return [None if t is None else float(k < len(want) and _norm(t) == _norm(want[k]))
+    return [None if t is None else float(k < len(want) and compact(t) == compact(want[k]))
             for k, t in enumerate(tasks)]
 
 
@@ -101,7 +88,7 @@ class JudgePRM:
     def __call__(self, episodes: list[Episode]) -> list[list[float | None]]:
         asks, out = [], []
         for e, ep in enumerate(episodes):
-            tasks = planner_subtasks(ep)
+            tasks = ep.turn_subtasks
             out.append([None] * len(tasks))
             done = []
             for k, task in enumerate(tasks):

@@ -159,6 +159,11 @@ def composite(scorer: str, pred: str | None, golds: list[str], fmt: float, n_tok
 
 # ---------------------------------------------------------------- subtask independence
 
+def compact(text: str) -> str:
+    """`text` lower-cased with all whitespace removed: how subtasks are compared (repeats, gold steps)."""
+    return "".join(str(text).lower().split())
+
+
 def subtask_independence(subtasks: list[str], refs: str) -> float:
     """The share of an episode's delegated subtasks that an executor, which sees only the subtask,
     could work on alone: a proxy for the Recursive Reasoner's "subproblem independence".
@@ -180,7 +185,7 @@ def subtask_independence(subtasks: list[str], refs: str) -> float:
     pattern, seen, good = re.compile(refs, re.IGNORECASE), set(), 0
     for task in subtasks:
         text = str(task)[:MAX_SCORED_CHARS]
-        key = "".join(text.lower().split())
+        key = compact(text)
         if key and key not in seen and not pattern.search(text):
             good += 1
         seen.add(key)

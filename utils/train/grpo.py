@@ -95,13 +95,14 @@ class LossTerms:
     stats: dict
 
 
-def _offline_policy_loss(logp, old_lp, ent, batch: RlBatch, alg, paper_state: dict) -> tuple[torch.Tensor, dict]:
+def _offline_policy_loss(logp, old_lp, ent, h_rl: float, batch: RlBatch, alg,
+                         paper_state: dict) -> tuple[torch.Tensor, dict]:
     """red_paper's policy loss (utils/train/losses.py red_paper_loss) with the expert advantages
-    scaled by the entropy-change weight; stats carry this step's entropies for the next step's weight."""
+    scaled by the entropy-change weight; `h_rl` is the rollout tokens' entropy; stats carry this
+    step's entropies for the next step's weight."""
     rl, off = alg.rl, batch.offline
     with torch.no_grad():
         h_sft = aggregate("token-mean", ent, batch.mask * off[:, None].float()).item()
-        h_rl = aggregate("token-mean", ent, batch.mask * (~off)[:, None].float()).item()
     w = red_paper_entropy_weight(h_sft, h_rl, paper_state.get("h_sft"), paper_state.get("h_rl"),
                                  alg.red_paper.entropy_weight_max)
     adv = torch.where(off, batch.adv * w, batch.adv)
@@ -124,13 +125,13 @@ def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor, sft: tuple | None
         old_lp = logp.detach()
     offline = batch.offline is not None and bool(batch.offline.any())
     rollout_mask = batch.mask * (~batch.offline)[:, None].float() if offline else batch.mask
+    h_rl = aggregate("token-mean", ent, rollout_mask)
     if offline:
-        pg, pg_stats = _offline_policy_loss(logp, old_lp, ent, batch, alg, paper_state or {})
+        pg, pg_stats = _offline_policy_loss(logp, old_lp, ent, h_rl.item(), batch, alg, paper_state or {})
     else:
         adv = batch.token_adv if batch.token_adv is not None else batch.adv
         pg, pg_stats = policy_loss(rl.policy_loss, logp, old_lp, adv, batch.mask, rl.clip_low, rl.clip_high,
                                    rl.loss_agg, sampler_logp=batch.sampler_lp, tis_cap=rl.tis_cap)
-    h_rl = aggregate("token-mean", ent, rollout_mask)
     loss = pg - rl.entropy_coef * h_rl
     mismatch = ((old_lp - batch.sampler_lp).abs() * rollout_mask).sum() / rollout_mask.sum().clamp(min=1)
     stats = {"actor/pg_loss": pg.item(), "actor/rl_entropy": h_rl.item(), "actor/clip_frac": pg_stats["clip_frac"],

@@ -180,16 +180,14 @@ class GrpoTrainer:
         bonus, process_stats = self._process_bonus(rows, episodes) if self.spec.process.source != "none" else (None, {})
         batch = build_rl_batch([episodes[i] for i in kept], adv[kept], self.pad_id, rl.train_roles, offline,
                                [bonus[i] for i in kept] if bonus is not None else None)
-        if experts:
-            stats_offline = {"red_paper/offline_groups": len(experts),
-                             "red_paper/group_accuracy": sum(a for _, _, a in experts) / len(experts)}
         old_lp, ref_lp = self._fixed_logprobs(batch)
         timings["time/logprobs"] = time.time() - t0
         t0 = time.time()
         stats, skipped = self._update(batch, old_lp, accuracy, ref_lp)
         stats.update(process_stats)
         if experts:
-            stats.update(stats_offline)
+            stats.update({"red_paper/offline_groups": len(experts),
+                          "red_paper/group_accuracy": sum(a for _, _, a in experts) / len(experts)})
         mismatch = stats.pop("rollout/logprob_mismatch", 0.0)
         timings["time/update"] = time.time() - t0
         self.state.step += 1

@@ -44,6 +44,8 @@ from typing import Callable
 
 import torch
 
+from utils.core.schema import OFFLINE_SHIFTS
+
 EPS = 1e-6
 
 # ---------------------------------------------------------------- advantages
@@ -253,9 +255,6 @@ def process_advantages(step_rewards: list[list[float | None]], group_size: int, 
 
 
 # ---------------------------------------------------------------- RED as its paper's code has it
-
-OFFLINE_SHIFTS = ("accuracy", "none")
-
 
 def offline_ratio(logp: torch.Tensor, accuracy: torch.Tensor, shift: str) -> torch.Tensor:
     """The ratio an expert (offline) token is trained with, [B, T], from its log-prob under the policy
