@@ -7,7 +7,8 @@ from utils.core.schema import EngineConfig
 
 BASE = ROOT / "artifacts" / "tiny-arith"
 ENGINE_CFG = EngineConfig(max_lora_rank=8, max_loras=2, memory_share=0.1)  # the tiny model's KV cache is small
-MERGED_CFG = EngineConfig(max_lora_rank=8, memory_share=0.1, lora_serving="merged")
+# tiny-arith's own serving: merged, in the test process (ENGINE_CFG keeps vLLM's spawned engine core)
+MERGED_CFG = EngineConfig(max_lora_rank=8, lora_serving="merged", in_process=True, kv_cache_gb=0.5)
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +37,7 @@ def vllm_engine():
 
 @pytest.fixture(scope="session")
 def vllm_merged():
-    """vLLM serving each adapter merged into the base weights (tiny-arith's default)."""
+    """vLLM serving each adapter merged into the base weights, in this process (tiny-arith's default)."""
     from utils.agent.engines import VLLMEngine
 
     engine = VLLMEngine(BASE, MERGED_CFG, seed=0)

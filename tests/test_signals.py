@@ -16,7 +16,8 @@ from utils.data.synthetic import write_dataset
 
 # 04 validates on vLLM after every step, for long enough that it is still training when signalled
 SETS = ["data.n_train=40", "data.n_val=6", "data.n_test=6", "warmup.steps=400", "warmup.eval_every=1",
-        "warmup.eval_size=2", "warmup.batch_size=4", "model.engine.name=vllm", "wandb_mode=disabled"]
+        "warmup.eval_size=2", "warmup.batch_size=4", "model.engine.name=vllm", "wandb_mode=disabled",
+        "model.engine.in_process=false"]  # the engine core in a process of its own, which must not outlive the stage
 
 
 def _children(pid: int) -> list[int]:

@@ -21,6 +21,7 @@ decoding is identical in both (tests/test_engines.py).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -153,7 +154,13 @@ class VLLMEngine:
             kwargs.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=cfg.max_loras)
         if cfg.enable_sleep_mode:
             kwargs["enable_sleep_mode"] = True  # GPU only; untested here
-        self.llm = LLM(**kwargs)
+        if cfg.kv_cache_gb < 0:
+            raise ValueError(f"model.engine.kv_cache_gb: {cfg.kv_cache_gb} is negative (0 lets vLLM size the cache)")
+        if cfg.kv_cache_gb:
+            kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gb * 2**30)
+        self.in_process = cfg.in_process
+        with _in_process(cfg.in_process):
+            self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = cfg.max_model_len
         self._next_id = 1
@@ -254,6 +261,45 @@ class VLLMEngine:
 
     def close(self) -> None:
         del self.llm
+
+
+@contextlib.contextmanager
+def _in_process(on: bool):
+    """Build a vLLM engine in this process (`model.engine.in_process`) without letting it change the
+    process: vLLM's CPU worker reseeds torch's, numpy's and Python's global generators, and replaces
+    `torch.set_num_threads` with a function that ignores its argument (it expects a process of its
+    own, bound to its cores), and its engine core freezes vLLM's environment variables (so a later
+    engine in this process would stay in-process whatever its config said). Those are put back
+    after; the thread count is left as it was."""
+    if not on:
+        yield
+        return
+    import random
+
+    import numpy as np
+    import torch
+
+    saved = (torch.get_rng_state(), np.random.get_state(), random.getstate(), torch.set_num_threads,
+             torch.get_num_threads(), os.environ.get(MULTIPROCESSING_ENV))
+    os.environ[MULTIPROCESSING_ENV] = "0"
+    try:
+        yield
+    finally:
+        import vllm.envs
+
+        vllm.envs.disable_envs_cache()
+        torch.set_rng_state(saved[0])
+        np.random.set_state(saved[1])
+        random.setstate(saved[2])
+        torch.set_num_threads = saved[3]
+        torch.set_num_threads(saved[4])
+        if saved[5] is None:
+            os.environ.pop(MULTIPROCESSING_ENV, None)
+        else:
+            os.environ[MULTIPROCESSING_ENV] = saved[5]
+
+
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"  # "0": vLLM's engine core runs in the calling process
 
 
 def _vllm_sample(c) -> Sample:

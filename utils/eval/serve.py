@@ -92,6 +92,8 @@ def server_command(base: Path, adapters: dict[str, Path], cfg: EngineConfig, por
            "--seed", str(seed), "--logprobs-mode", "processed_logprobs", "--host", HOST, "--port", str(port)]
     if cfg.enforce_eager:
         cmd.append("--enforce-eager")
+    if cfg.kv_cache_gb > 0:  # model.engine.in_process has no meaning here: the server is a process of its own
+        cmd += ["--kv-cache-memory-bytes", str(int(cfg.kv_cache_gb * 2**30))]
     if not cuda_available():  # as the offline engine: no chunked prefill of seeded requests on CPU
         cmd += ["--max-num-batched-tokens", str(cfg.max_num_seqs * cfg.max_model_len)]
     if adapters:
