@@ -3,6 +3,8 @@
     python 09_driver.py --method red|grpo|fixed_sft|matched_sft|sft|rloo|gspo|red_paper|all|M1,M2,…
                         [--run_id run_001] [--seeds 1,2,3]
                         [--config run.yaml] [--model tiny-arith] [--data synthetic_arith] [--force]
+                        [--executor sequential|ray] [--ray_address ADDR] [--ray_cpus N]
+                        [--branch_cpus C] [--branch_gpus G]
                         [--set key=value ...]
 
 `all` is the RED study: red, grpo, fixed_sft, matched_sft and sft; rloo, gspo and red_paper run by name
@@ -18,6 +20,9 @@ outputs/<run_id>/run_manifest.json lists every stage's manifest and what the dri
 One driver at a time per run: a second one on the same --run_id is refused, naming the first
 (utils/core/lock.py). Ctrl-C or SIGTERM stops the running stage with SIGTERM, waits for it to unwind
 (its manifest says "failed", its vLLM engine shuts down), then exits; the same command resumes.
+--executor ray runs the independent branches (each seed's chain; each method after its seed's SFT
+warmup) as Ray tasks, on this box or on the cluster at --ray_address, with the same manifests and
+skip rules (utils/ray_executor.py); a failed branch is named with its log and the others go on.
 """
 import argparse
 import os
@@ -44,6 +49,13 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default="synthetic_arith")
     ap.add_argument("--force", action="store_true", help="re-run every stage")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--executor", choices=("sequential", "ray"), default="sequential",
+                    help="sequential: one stage at a time (default); ray: independent branches as Ray tasks")
+    ap.add_argument("--ray_address", default=None,
+                    help="ray: a cluster's address (e.g. ray://head:10001 or auto); default: a local Ray on this box")
+    ap.add_argument("--ray_cpus", type=int, default=None, help="ray, local: CPUs the local Ray may use (default: all)")
+    ap.add_argument("--branch_cpus", type=float, default=1.0, help="ray: CPUs each branch declares (default 1)")
+    ap.add_argument("--branch_gpus", type=float, default=0.0, help="ray: GPUs each branch declares (default 0)")
     args = ap.parse_args(argv)
     methods = list(STUDY) if args.method == "all" else [m.strip() for m in args.method.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
@@ -85,9 +97,25 @@ def _run(args, methods, seeds, base, root, run_root) -> int:
     log.write()
     steps = plan(methods)
     total = len(steps) * len(seeds) + 1
-    for k, seed in enumerate(seeds):
+
+    def common_of(seed):
         common = base + ["--run_id", args.run_id if seed is None or len(seeds) == 1 else f"{args.run_id}/seed_{seed}"]
-        common += ["--seed", str(seed)] if seed is not None else []
+        return common + (["--seed", str(seed)] if seed is not None else [])
+
+    if args.executor == "ray":
+        from utils.ray_executor import run_study
+
+        try:
+            code = run_study(steps, seeds, common_of, run_root, args.force, log, address=args.ray_address,
+                             cpus=args.ray_cpus, branch_cpus=args.branch_cpus, branch_gpus=args.branch_gpus)
+        except KeyboardInterrupt as exc:
+            log.finish(f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'} (ray)")
+            raise
+        if code:
+            log.finish("failed: see the branches above")
+            return code
+    for k, seed in enumerate(seeds if args.executor == "sequential" else []):
+        common = common_of(seed)
         seed_tag = f" seed {seed}" if len(seeds) > 1 else ""
 
         def label(step, name=None, k=k, seed_tag=seed_tag):

@@ -154,8 +154,9 @@ def batches(steps: list[Step]) -> list[list[Step]]:
     return out
 
 
-def run_batch(batch: list[Step], common, force, label, log: RunManifest, seed) -> int:
-    """Run the steps of a batch that are not up to date, in one process; skip the others."""
+def run_batch(batch: list[Step], common, force, label, log: RunManifest, seed, stdout=None) -> int:
+    """Run the steps of a batch that are not up to date, in one process; skip the others. The
+    process writes to `stdout` (an open file) if given, else to ours."""
     todo = []
     for step in batch:
         directory, skip, reason = up_to_date(step, common)
@@ -174,7 +175,7 @@ def run_batch(batch: list[Step], common, force, label, log: RunManifest, seed) -
     print(f"{label(first, name)}: running ({'; '.join(reasons)})", flush=True)
     t0 = time.time()
     args = first.args if len(todo) == 1 else ["--checkpoint", ",".join(s.checkpoint for s, _, _ in todo)]
-    code = run_child([sys.executable, f"{first.script}.py", *common, *args], ROOT)  # stopped with SIGTERM first
+    code = run_child([sys.executable, f"{first.script}.py", *common, *args], ROOT, stdout)  # stopped with SIGTERM first
     seconds = time.time() - t0
     for step, directory, reason in todo:
         m = directory / MANIFEST_NAME

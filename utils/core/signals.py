@@ -91,10 +91,16 @@ def stop_child(proc: subprocess.Popen, grace: float = 60.0) -> int:
     return proc.wait()
 
 
-def run_child(cmd: list[str], cwd) -> int:
+PARENT_ENV = "REDCODA_PARENT"  # set by run_child: the child stops with this pid (utils/core/stages.run_main)
+
+
+def run_child(cmd: list[str], cwd, stdout=None) -> int:
     """`subprocess.call`, except that an interrupted or terminated caller stops the child with
-    `stop_child` (SIGTERM first, so that it can unwind) instead of SIGKILLing it."""
-    proc = subprocess.Popen(cmd, cwd=cwd)
+    `stop_child` (SIGTERM first, so that it can unwind) instead of SIGKILLing it, and that the
+    child is told our pid (`PARENT_ENV`) so that it stops with us if we are killed outright. With
+    `stdout` (an open file), the child's stdout and stderr go there."""
+    env = {**os.environ, PARENT_ENV: str(os.getpid())}
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=subprocess.STDOUT if stdout else None)
     try:
         return proc.wait()
     except BaseException:

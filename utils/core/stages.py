@@ -22,7 +22,8 @@ from utils.core.lock import HOLDER_ENV, RunLocked
 from utils.core.manifest import MANIFEST_NAME, StageRun, read_manifest
 from utils.core.methods import BASE, CHECKPOINTS, METHODS, SFT_WARMUP
 from utils.core.schema import RunConfig, repo_path
-from utils.core.signals import TERMINATED_EXIT, Terminated, die_with_parent, is_spawned_child, sigterm_as_interrupt
+from utils.core.signals import (PARENT_ENV, TERMINATED_EXIT, Terminated, die_with_parent, is_spawned_child,
+                                sigterm_as_interrupt)
 
 if is_spawned_child():  # this module runs in vLLM's engine core too (spawn re-imports the stage script):
     die_with_parent()   # let it end with its stage, even a SIGKILLed one (utils/core/signals.py)
@@ -154,8 +155,8 @@ def disk_error(exc: OSError) -> str:
 def run_main(stage: str, fn: Callable[[], int | None]) -> int:
     """Run a stage's main; user errors become one line on stderr and exit code 1. Ctrl-C and
     SIGTERM unwind it (manifest "failed", lock released, engine shut down): exit 130 or 143."""
-    if os.environ.get(HOLDER_ENV) == str(os.getppid()):  # run by the driver: stop with it, even if SIGKILLed
-        die_with_parent()
+    if str(os.getppid()) in (os.environ.get(HOLDER_ENV), os.environ.get(PARENT_ENV)):
+        die_with_parent()  # run by the driver or one of its Ray tasks: stop with it, even if it is SIGKILLed
     try:
         with sigterm_as_interrupt():
             return fn() or 0

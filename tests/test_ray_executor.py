@@ -1,0 +1,94 @@
+"""09_driver.py --executor ray on a local Ray with 2 CPUs (started and shut down by the driver): the
+branch graph, a failed branch that does not stop the others, a re-run that runs only what is
+missing, and the same evaluations as the sequential driver at the same thread count."""
+import json
+import os
+import subprocess
+import sys
+
+from utils.core.config import ROOT
+from utils.core.schema import DataConfig
+from utils.data.synthetic import write_dataset
+from utils.driver import plan
+from utils.ray_executor import branches
+
+TINY = ["data.n_train=40", "data.n_val=6", "data.n_test=6", "warmup.steps=6", "warmup.eval_every=0",
+        "warmup.eval_size=3", "warmup.batch_size=8", "algorithm.rl.steps=2", "algorithm.rl.questions_per_step=2",
+        "algorithm.rl.n_samples=2", "model.engine.name=hf", "wandb_mode=disabled"]
+
+
+def _driver(out, data, run, *extra, env=None):
+    sets = [x for s in TINY + [f"outputs_dir={out}", f"data.path={data}"] for x in ("--set", s)]
+    cmd = [sys.executable, "09_driver.py", "--method", "grpo,sft", "--seeds", "1,2", "--run_id", run, *sets, *extra]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def _ran(proc) -> list[str]:
+    """The stages a driver ran, as '<branch or seed> <stage>' labels, from its output."""
+    return sorted(line.split(": running")[0].split("] ", 1)[0].split("[")[-1] + " " +
+                  line.split(": running")[0].split("] ", 1)[1] for line in (proc.stdout + proc.stderr).splitlines()
+                  if ": running (" in line)
+
+
+def test_branches_follow_the_study_graph():
+    steps = plan(["matched_sft", "grpo"])
+    out = branches(steps, [1, 2], lambda s: ["--seed", str(s)])
+    names = [b.name for b in out]
+    assert names == ["seed_1/data", "seed_1/red", "seed_1/matched_sft", "seed_1/grpo", "seed_1/evaluate",
+                     "seed_2/data", "seed_2/red", "seed_2/matched_sft", "seed_2/grpo", "seed_2/evaluate"]
+    by = {b.name: b for b in out}
+    assert [s.script for s in by["seed_1/data"].steps] == ["00_check_data", "01_prepare_dataset", "02_build_rewards",
+                                                            "03_generate_sft_traces", "04_sft_warmup"]
+    assert by["seed_2/grpo"].needs == ["seed_2/data"] and by["seed_2/grpo"].common == ["--seed", "2"]
+    assert by["seed_1/matched_sft"].needs == ["seed_1/data", "seed_1/red"]  # it reads red's mean SFT weight
+    assert by["seed_1/evaluate"].needs == ["seed_1/data", "seed_1/red", "seed_1/matched_sft", "seed_1/grpo"]
+    assert [s.checkpoint for s in by["seed_1/evaluate"].steps] == ["base", "sft_warmup", "red", "matched_sft", "grpo"]
+    assert [b.name for b in branches(steps, [None], lambda s: [])][:2] == ["data", "red"]  # one seed: no prefix
+
+
+def test_ray_runs_the_branches_as_the_sequential_driver_does(tmp_path):
+    data = tmp_path / "synth"
+    write_dataset(DataConfig(n_train=40, n_val=6, n_test=6), data)
+    out = tmp_path / "outputs"
+
+    sequential = _driver(out, data, "seq")
+    assert sequential.returncode == 0, sequential.stderr[-2000:]
+
+    # seed 2's first stage cannot write its folder: that branch fails, and the ones that need it do not run
+    (out / "ray" / "seed_2").mkdir(parents=True)
+    (out / "ray" / "seed_2" / "00_check_data").write_text("in the way")
+    first = _driver(out, data, "ray", "--executor", "ray", "--ray_cpus", "2")
+    assert first.returncode == 1, first.stdout[-2000:] + first.stderr[-3000:]
+    log = out / "ray" / "logs" / "seed_2_data.log"
+    assert f"seed_2/data: failed (exit 1); log: {log}" in first.stderr
+    assert "00_check_data" in log.read_text()
+    for name in ("grpo", "sft", "evaluate"):
+        assert f"seed_2/{name}: not run (needs seed_2/data" in first.stderr
+    seed_1 = out / "ray" / "seed_1" / "07_evaluate"
+    assert all((seed_1 / c / "manifest.json").is_file() for c in ("base", "sft_warmup", "grpo", "sft"))
+    assert not (out / "ray" / "08_compare_runs").exists()  # no report from half a study
+    manifest = json.loads((out / "ray" / "run_manifest.json").read_text())
+    assert manifest["status"] == "failed: see the branches above"
+    assert {s["stage"] for s in manifest["stages"] if s["seed"] == 1} >= {"04_sft_warmup", "06_ablate_grpo_only/grpo"}
+
+    # the same command again, with the obstacle gone: only seed 2 and the report run
+    (out / "ray" / "seed_2" / "00_check_data").unlink()
+    second = _driver(out, data, "ray", "--executor", "ray", "--ray_cpus", "2")
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
+    ran = _ran(second)
+    assert ran[0].endswith(" 08_compare_runs") and all(label.startswith("seed_2/") for label in ran[1:]), ran
+    assert "seed_2/data 04_sft_warmup" in ran and "seed_2/evaluate 07_evaluate/base,sft_warmup,grpo,sft" in ran
+    manifest = json.loads((out / "ray" / "run_manifest.json").read_text())
+    assert manifest["status"] == "completed" and manifest["report"].endswith("08_compare_runs/report.md")
+    skipped = {(s["seed"], s["stage"]) for s in manifest["stages"] if s["action"] == "skipped"}
+    assert (1, "04_sft_warmup") in skipped and (1, "07_evaluate/grpo") in skipped
+
+    # the same evaluations, transcript for transcript, as the sequential driver's at one thread
+    for seed in (1, 2):
+        for ckpt in ("base", "sft_warmup", "grpo", "sft"):
+            a = out / "seq" / f"seed_{seed}" / "07_evaluate" / ckpt
+            b = out / "ray" / f"seed_{seed}" / "07_evaluate" / ckpt
+            assert (a / "samples" / "predictions.jsonl").read_bytes() == (b / "samples" / "predictions.jsonl").read_bytes()
+            assert json.loads((a / "metrics.json").read_text())["accuracy"] == \
+                json.loads((b / "metrics.json").read_text())["accuracy"]
