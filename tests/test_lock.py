@@ -88,5 +88,10 @@ def test_a_zombie_holder_is_stale_and_method_stages_lock_the_run(tmp_path, other
     zombie.wait()
     _hold(tmp_path / "run", other.pid)
     with pytest.raises(RunLocked, match=f"run is in use by pid {other.pid}"):
-        with StageRun("06_ablate_grpo_only", tmp_path / "run" / "06_ablate_grpo_only" / "grpo", {}):
+        with StageRun("06_ablate_grpo_only/grpo", tmp_path / "run" / "06_ablate_grpo_only" / "grpo", {}):
             pass
+    other_lock = tmp_path / "run" / ".lock"
+    other_lock.unlink()
+    with StageRun("05_train_red_grpo/red", tmp_path / "run" / "05_train_red_grpo" / "red", {}):
+        assert json.loads(other_lock.read_text())["pid"] == os.getpid()  # the run's lock, not the script folder's
+        assert not (tmp_path / "run" / "05_train_red_grpo" / ".lock").exists()

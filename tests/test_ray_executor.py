@@ -19,7 +19,7 @@ TINY = ["data.n_train=40", "data.n_val=6", "data.n_test=6", "warmup.steps=6", "w
 
 def _driver(out, data, run, *extra, env=None):
     sets = [x for s in TINY + [f"outputs_dir={out}", f"data.path={data}"] for x in ("--set", s)]
-    cmd = [sys.executable, "09_driver.py", "--method", "grpo,sft", "--seeds", "1,2", "--run_id", run, *sets, *extra]
+    cmd = [sys.executable, "09_driver.py", "--method", "fixed_sft,sft", "--seeds", "1,2", "--run_id", run, *sets, *extra]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200,
                           env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
@@ -63,14 +63,16 @@ def test_ray_runs_the_branches_as_the_sequential_driver_does(tmp_path):
     log = out / "ray" / "logs" / "seed_2_data.log"
     assert f"seed_2/data: failed (exit 1); log: {log}" in first.stderr
     assert "00_check_data" in log.read_text()
-    for name in ("grpo", "sft", "evaluate"):
+    for name in ("fixed_sft", "sft", "evaluate"):
         assert f"seed_2/{name}: not run (needs seed_2/data" in first.stderr
     seed_1 = out / "ray" / "seed_1" / "07_evaluate"
-    assert all((seed_1 / c / "manifest.json").is_file() for c in ("base", "sft_warmup", "grpo", "sft"))
+    # seed 1's two 05 stages ran side by side in one seed folder (seed 2's slot was free)
+    assert all((seed_1 / c / "manifest.json").is_file() for c in ("base", "sft_warmup", "fixed_sft", "sft"))
     assert not (out / "ray" / "08_compare_runs").exists()  # no report from half a study
     manifest = json.loads((out / "ray" / "run_manifest.json").read_text())
     assert manifest["status"] == "failed: see the branches above"
-    assert {s["stage"] for s in manifest["stages"] if s["seed"] == 1} >= {"04_sft_warmup", "06_ablate_grpo_only/grpo"}
+    assert {s["stage"] for s in manifest["stages"] if s["seed"] == 1} >= {"04_sft_warmup", "05_train_red_grpo/fixed_sft",
+                                                                           "05_train_red_grpo/sft"}
 
     # the same command again, with the obstacle gone: only seed 2 and the report run
     (out / "ray" / "seed_2" / "00_check_data").unlink()
@@ -78,15 +80,15 @@ def test_ray_runs_the_branches_as_the_sequential_driver_does(tmp_path):
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
     ran = _ran(second)
     assert ran[0].endswith(" 08_compare_runs") and all(label.startswith("seed_2/") for label in ran[1:]), ran
-    assert "seed_2/data 04_sft_warmup" in ran and "seed_2/evaluate 07_evaluate/base,sft_warmup,grpo,sft" in ran
+    assert "seed_2/data 04_sft_warmup" in ran and "seed_2/evaluate 07_evaluate/base,sft_warmup,fixed_sft,sft" in ran
     manifest = json.loads((out / "ray" / "run_manifest.json").read_text())
     assert manifest["status"] == "completed" and manifest["report"].endswith("08_compare_runs/report.md")
     skipped = {(s["seed"], s["stage"]) for s in manifest["stages"] if s["action"] == "skipped"}
-    assert (1, "04_sft_warmup") in skipped and (1, "07_evaluate/grpo") in skipped
+    assert (1, "04_sft_warmup") in skipped and (1, "07_evaluate/fixed_sft") in skipped
 
     # the same evaluations, transcript for transcript, as the sequential driver's at one thread
     for seed in (1, 2):
-        for ckpt in ("base", "sft_warmup", "grpo", "sft"):
+        for ckpt in ("base", "sft_warmup", "fixed_sft", "sft"):
             a = out / "seq" / f"seed_{seed}" / "07_evaluate" / ckpt
             b = out / "ray" / f"seed_{seed}" / "07_evaluate" / ckpt
             assert (a / "samples" / "predictions.jsonl").read_bytes() == (b / "samples" / "predictions.jsonl").read_bytes()

@@ -95,6 +95,7 @@ def run_study(plan_steps: list[Step], seeds: list, common_of, run_root: Path, fo
               address: str | None, cpus: int | None, branch_cpus: float, branch_gpus: float) -> int:
     """Run every seed's branches on Ray; returns 0 if all completed, else 1 (each failure named with
     its log). The caller runs 08 afterwards and writes the run manifest's end."""
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # read when ray is imported: every branch's lines, not "[repeated 3x]"
     import ray
 
     plan = branches(plan_steps, seeds, common_of)

@@ -248,9 +248,10 @@ class StageRun:
         return parent
 
     def _run_dir(self) -> Path:
-        """The run folder: the parent of the folder named after the stage (`<run>/07_evaluate/red` ->
-        `<run>`), else the parent of out_dir."""
-        named = [d for d in (self.out_dir, *self.out_dir.parents) if d.name == self.stage]
+        """The run folder: the parent of the folder named after the stage's script (`<run>/07_evaluate/red`
+        of stage "07_evaluate/red" -> `<run>`), else the parent of out_dir."""
+        script = self.stage.split("/")[0]
+        named = [d for d in (self.out_dir, *self.out_dir.parents) if d.name == script]
         return (named[0] if named else self.out_dir).parent
 
     def _write(self) -> None:
