@@ -7,8 +7,9 @@ from utils.core.schema import EngineConfig
 
 BASE = ROOT / "artifacts" / "tiny-arith"
 ENGINE_CFG = EngineConfig(max_lora_rank=8, max_loras=2, memory_share=0.1)  # the tiny model's KV cache is small
-# tiny-arith's own serving: merged, in the test process (ENGINE_CFG keeps vLLM's spawned engine core)
-MERGED_CFG = EngineConfig(max_lora_rank=8, lora_serving="merged", in_process=True, kv_cache_gb=0.5)
+# spawned engine cores: closing an in-process engine tears down vLLM's process-wide parallel groups,
+# which another in-process engine of the same process still needs (tests/test_engines.py keeps its own)
+MERGED_CFG = EngineConfig(max_lora_rank=8, memory_share=0.1, lora_serving="merged")
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +38,7 @@ def vllm_engine():
 
 @pytest.fixture(scope="session")
 def vllm_merged():
-    """vLLM serving each adapter merged into the base weights, in this process (tiny-arith's default)."""
+    """vLLM serving each adapter merged into the base weights (tiny-arith's default)."""
     from utils.agent.engines import VLLMEngine
 
     engine = VLLMEngine(BASE, MERGED_CFG, seed=0)

@@ -166,6 +166,9 @@ def test_hf_engine_switches_between_adapters_and_the_base(hf_engine, adapters, b
     assert a[1] != base[1] and b[1] != a[1]
 
 
+_KEEP: list = []  # in-process engines live until the session ends
+
+
 def test_an_in_process_engine_leaves_its_process_as_it_was(vllm_engine, base_dir):
     """model.engine.in_process: vLLM's engine core and worker run in the caller's process. Its CPU
     worker reseeds the global generators, replaces torch.set_num_threads with a no-op and freezes
@@ -189,25 +192,23 @@ def test_an_in_process_engine_leaves_its_process_as_it_was(vllm_engine, base_dir
     random.seed(11)
     threads, set_threads, env = torch.get_num_threads(), torch.set_num_threads, os.environ.get(MULTIPROCESSING_ENV)
     engine = VLLMEngine(base_dir, EngineConfig(in_process=True, kv_cache_gb=0.25, max_num_seqs=16), seed=0)
-    try:
-        assert torch.equal(torch.rand(3), expected[0]) and np.array_equal(np.random.rand(3), expected[1])
-        assert random.random() == expected[2]
-        assert torch.get_num_threads() == threads and torch.set_num_threads is set_threads
-        assert os.environ.get(MULTIPROCESSING_ENV) == env
-        assert type(engine.llm.llm_engine.engine_core).__name__ == "InprocClient"
-        assert type(vllm_engine.llm.llm_engine.engine_core).__name__ != "InprocClient"
-        tok = AutoTokenizer.from_pretrained(base_dir)
-        vllm_engine.set_adapter(None)
-        prompts = [tok.encode(f"{a}+{a % 9}=") for a in range(10, 30)]
-        spec = SamplingSpec(max_tokens=10, temperature=1.0, n=2)
-        seeds = list(range(20))
-        here, spawned = engine.generate(prompts, spec, seeds), vllm_engine.generate(prompts, spec, seeds)
-        assert [[s.token_ids for s in o] for o in here] == [[s.token_ids for s in o] for o in spawned]
-        worst = max(abs(a - b) for o, p in zip(here, spawned) for s, t in zip(o, p)
-                    for a, b in zip(s.logprobs, t.logprobs))
-        assert worst < 1e-4
-    finally:
-        engine.close()
+    _KEEP.append(engine)  # never closed mid-session: closing tears down vLLM's process-wide parallel groups
+    assert torch.equal(torch.rand(3), expected[0]) and np.array_equal(np.random.rand(3), expected[1])
+    assert random.random() == expected[2]
+    assert torch.get_num_threads() == threads and torch.set_num_threads is set_threads
+    assert os.environ.get(MULTIPROCESSING_ENV) == env
+    assert type(engine.llm.llm_engine.engine_core).__name__ == "InprocClient"
+    assert type(vllm_engine.llm.llm_engine.engine_core).__name__ != "InprocClient"
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    vllm_engine.set_adapter(None)
+    prompts = [tok.encode(f"{a}+{a % 9}=") for a in range(10, 30)]
+    spec = SamplingSpec(max_tokens=10, temperature=1.0, n=2)
+    seeds = list(range(20))
+    here, spawned = engine.generate(prompts, spec, seeds), vllm_engine.generate(prompts, spec, seeds)
+    assert [[s.token_ids for s in o] for o in here] == [[s.token_ids for s in o] for o in spawned]
+    worst = max(abs(a - b) for o, p in zip(here, spawned) for s, t in zip(o, p)
+                for a, b in zip(s.logprobs, t.logprobs))
+    assert worst < 1e-4
 
 
 def test_a_negative_kv_cache_size_is_refused(base_dir):
