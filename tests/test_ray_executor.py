@@ -6,15 +6,13 @@ import os
 import subprocess
 import sys
 
+from test_driver import TINY
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset
 from utils.driver import plan
 from utils.ray_executor import branches
 
-TINY = ["data.n_train=40", "data.n_val=6", "data.n_test=6", "warmup.steps=6", "warmup.eval_every=0",
-        "warmup.eval_size=3", "warmup.batch_size=8", "algorithm.rl.steps=2", "algorithm.rl.questions_per_step=2",
-        "algorithm.rl.n_samples=2", "model.engine.name=hf", "wandb_mode=disabled"]
 
 
 def _driver(out, data, run, *extra, env=None):

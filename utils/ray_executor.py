@@ -103,9 +103,9 @@ def run_study(plan_steps: list[Step], seeds: list, common_of, run_root: Path, fo
     for lock in seed_locks:  # concurrent stages of one seed would otherwise refuse each other
         lock.acquire()
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    ray.init(address=address, num_cpus=None if address else cpus, include_dashboard=False,
-             runtime_env={"env_vars": env}, log_to_driver=True, configure_logging=False)
-    try:
+    try:  # a Ray that fails to start still releases the seed locks
+        ray.init(address=address, num_cpus=None if address else cpus, include_dashboard=False,
+                 runtime_env={"env_vars": env}, log_to_driver=True, configure_logging=False)
         task = ray.remote(run_branch).options(num_cpus=branch_cpus, num_gpus=branch_gpus, max_retries=0)
         refs: dict[str, object] = {}
         for b in plan:  # a branch's needs come before it in the plan

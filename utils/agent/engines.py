@@ -158,7 +158,6 @@ class VLLMEngine:
             raise ValueError(f"model.engine.kv_cache_gb: {cfg.kv_cache_gb} is negative (0 lets vLLM size the cache)")
         if cfg.kv_cache_gb:
             kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gb * 2**30)
-        self.in_process = cfg.in_process
         with _in_process(cfg.in_process):
             self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
