@@ -115,6 +115,15 @@ def test_choice_fields_fail_at_parse_time_listing_the_valid_values(override, val
     assert f"valid: {valid}" in str(err.value) and override.split("=")[0] in str(err.value)
 
 
+def test_a_field_below_its_minimum_fails_at_parse_time_for_every_consumer():
+    # model.engine.kv_cache_gb feeds the offline engine and utils/eval/serve.py alike; the schema is
+    # the one place that refuses a negative size for both.
+    with pytest.raises(ConfigError, match=r"model\.engine\.kv_cache_gb: -1\.0 is below its minimum 0\.0"):
+        load_run_config(overrides=["model.engine.kv_cache_gb=-1"])
+    assert load_run_config(overrides=["model.engine.kv_cache_gb=0"]).model.engine.kv_cache_gb == 0.0
+    assert any("kv_cache_gb = 0.0 [>= 0.0]" in line for line in describe(RunConfig))
+
+
 def test_choice_lists_agree_with_the_registries():
     from utils.agent.engines import ENGINES
     from utils.core import schema

@@ -30,10 +30,13 @@ class ConfigError(ValueError):
     """A config file or override is invalid; the message names the source and the key."""
 
 
-def field(default: Any, help: str, choices: tuple | None = None) -> Any:  # noqa: A002 - argparse's name
+def field(default: Any, help: str, choices: tuple | None = None,  # noqa: A002 - argparse's name
+          minimum: float | None = None) -> Any:
     """A dataclass field with documentation; mutable defaults are copied per instance. A field with
-    `choices` accepts only those values, checked when the config is parsed (`from_dict`)."""
-    meta = {"help": help, **({"choices": tuple(choices)} if choices else {})}
+    `choices` accepts only those values, one with `minimum` nothing below it; both are checked when
+    the config is parsed (`from_dict`)."""
+    meta = {"help": help, **({"choices": tuple(choices)} if choices else {}),
+            **({"minimum": minimum} if minimum is not None else {})}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     if dataclasses.is_dataclass(default):
@@ -103,6 +106,9 @@ def from_dict(cls: type, data: Any, where: str) -> Any:
         choices = fields[key].metadata.get("choices")
         if choices and kwargs[key] not in choices:
             raise ConfigError(f"{where}.{key}: '{kwargs[key]}' is not a valid value; valid: {', '.join(choices)}")
+        minimum = fields[key].metadata.get("minimum")
+        if minimum is not None and kwargs[key] < minimum:
+            raise ConfigError(f"{where}.{key}: {kwargs[key]} is below its minimum {minimum}")
     try:
         return cls(**kwargs)
     except TypeError as exc:  # a required field is missing
@@ -194,5 +200,7 @@ def describe(cls: type, prefix: str = "") -> list[str]:
             f.default_factory() if f.default_factory is not dataclasses.MISSING else "required")
         choices = f.metadata.get("choices")
         valid = f" [{' | '.join(choices)}]" if choices else ""
+        if "minimum" in f.metadata:
+            valid += f" [>= {f.metadata['minimum']}]"
         lines.append(f"  {key} = {default!r}{valid}: {f.metadata.get('help', '')}")
     return lines

@@ -60,7 +60,8 @@ class EngineConfig:
                                     "A second in-process engine in the same process needs `kv_cache_gb`. "
                                     "Untested on GPU.")
     kv_cache_gb: float = field(0.0, "vllm: KV cache size in GiB; 0 lets vLLM size it from `memory_share`. An "
-                                    "explicit size is what lets two in-process engines share one process.")
+                                    "explicit size is what lets two in-process engines share one process.",
+                               minimum=0.0)
     max_lora_rank: int = field(16, "Largest LoRA rank the vLLM engine must serve.")
     max_loras: int = field(2, "LoRA adapters vLLM keeps loaded at once (old and new policy).")
     max_num_seqs: int = field(256, "Sequences vLLM batches at once.")
