@@ -114,22 +114,24 @@ def _run(args, methods, seeds, base, root, run_root) -> int:
         if code:
             log.finish("failed: see the branches above")
             return code
-    for k, seed in enumerate(seeds if args.executor == "sequential" else []):
-        common = common_of(seed)
-        seed_tag = f" seed {seed}" if len(seeds) > 1 else ""
+    else:
+        for k, seed in enumerate(seeds):
+            common = common_of(seed)
+            seed_tag = f" seed {seed}" if len(seeds) > 1 else ""
 
-        def label(step, name=None, k=k, seed_tag=seed_tag):
-            return f"[{k * len(steps) + steps.index(step) + 1}/{total}] {name or step.dir_name}{seed_tag}"
+            def label(step, name=None, k=k, seed_tag=seed_tag):
+                return f"[{k * len(steps) + steps.index(step) + 1}/{total}] {name or step.dir_name}{seed_tag}"
 
-        for batch in batches(steps):
-            try:
-                code = run_batch(batch, common, args.force, label, log, seed)
-            except KeyboardInterrupt as exc:
-                log.finish(f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'} at {batch[0].dir_name}")
-                raise
-            if code:
-                log.finish(f"failed at {batch[0].dir_name}")
-                return code
+            for batch in batches(steps):
+                try:
+                    code = run_batch(batch, common, args.force, label, log, seed)
+                except KeyboardInterrupt as exc:
+                    how = "terminated" if isinstance(exc, Terminated) else "interrupted"
+                    log.finish(f"{how} at {batch[0].dir_name}")
+                    raise
+                if code:
+                    log.finish(f"failed at {batch[0].dir_name}")
+                    return code
     code = run_batch([REPORT], root, args.force, lambda step, name=None: f"[{total}/{total}] {name or step.dir_name}",
                      log, None)
     if code:
