@@ -12,9 +12,10 @@ box (`ray.init()` with no address: a local Ray with `--ray_cpus` CPUs) or on a c
 Inside a task the branch's stages run exactly as the sequential driver runs them (`run_batch`: the
 same skip rules, the same command lines, the same manifests), their output going to
 `outputs/<run_id>/logs/<branch>.log`. The task returns what it did; the driver records it in
-`run_manifest.json`. A branch that fails is reported with its log path; the branches that need it
-do not run, the others go on, and the driver exits 1 without running 08. Running the same command
-again skips every stage that is up to date, so only what failed or never ran runs.
+`run_manifest.json` as soon as the branch ends. A branch that fails is reported with its log path;
+the branches that need it do not run, the others go on, and the driver exits 1 without running 08.
+Running the same command again skips every stage that is up to date, so only what failed or never
+ran runs.
 
 Ray gives each task's process `OMP_NUM_THREADS` = its CPUs, so a stage started by a 1-CPU task
 trains with one torch thread. fp32 sums then round in another order than with two threads, as on
@@ -111,15 +112,21 @@ def run_study(plan_steps: list[Step], seeds: list, common_of, run_root: Path, fo
         for b in plan:  # a branch's needs come before it in the plan
             log_path = str(run_root / "logs" / f"{b.name.replace('/', '_')}.log")
             refs[b.name] = task.remote(b, force, log_path, str(os.getpid()), *(refs[n] for n in b.needs))
-        results = ray.get([refs[b.name] for b in plan])
+        pending = {refs[b.name]: b for b in plan}
+        results: dict[str, dict] = {}
+        while pending:  # record each branch as it ends: the run manifest shows a long study's progress
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                results[pending.pop(ref).name] = result = ray.get(ref)
+                for args, kwargs in result["records"]:
+                    log.record(*args, **kwargs)
     finally:
         ray.shutdown()
         for lock in seed_locks:
             lock.release()
     failures = []
-    for b, result in zip(plan, results):
-        for args, kwargs in result["records"]:
-            log.record(*args, **kwargs)
+    for b in plan:
+        result = results[b.name]
         if result["status"].startswith("failed"):
             failures.append(f"{b.name}: {result['status']}; log: {result['log']}")
         elif result["status"] == "not run":
