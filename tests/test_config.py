@@ -1,5 +1,7 @@
 """Config loading: the shipped tiers, strict keys with the nearest valid one, types, overrides."""
 import dataclasses
+import functools
+import re
 
 import pytest
 
@@ -93,7 +95,7 @@ def test_run_level_yaml_merges_deeply(tmp_path):
 
 def test_describe_lists_every_leaf_with_help():
     lines = describe(RunConfig)
-    assert any(line.strip().startswith("algorithm.red.G = 5.0:") for line in lines)
+    assert any(line.strip().startswith("algorithm.red.G = 5.0 [>= 1.0]:") for line in lines)
     n_leaves = sum(1 for line in lines if "=" in line)
     assert n_leaves >= 60
     for f in dataclasses.fields(RunConfig):
@@ -115,13 +117,27 @@ def test_choice_fields_fail_at_parse_time_listing_the_valid_values(override, val
     assert f"valid: {valid}" in str(err.value) and override.split("=")[0] in str(err.value)
 
 
-def test_a_field_below_its_minimum_fails_at_parse_time_for_every_consumer():
-    # model.engine.kv_cache_gb feeds the offline engine and utils/eval/serve.py alike; the schema is
-    # the one place that refuses a negative size for both.
-    with pytest.raises(ConfigError, match=r"model\.engine\.kv_cache_gb: -1\.0 is below its minimum 0\.0"):
-        load_run_config(overrides=["model.engine.kv_cache_gb=-1"])
-    assert load_run_config(overrides=["model.engine.kv_cache_gb=0"]).model.engine.kv_cache_gb == 0.0
-    assert any("kv_cache_gb = 0.0 [>= 0.0]" in line for line in describe(RunConfig))
+@pytest.mark.parametrize("override, message", [
+    # kv_cache_gb feeds the offline engine and utils/eval/serve.py alike: the schema refuses it for both
+    ("model.engine.kv_cache_gb=-1", r"model\.engine\.kv_cache_gb: -1\.0 is below its minimum 0\.0"),
+    ("algorithm.rl.n_samples=1", r"algorithm\.rl\.n_samples: 1 is below its minimum 2"),  # a group of one
+    ("algorithm.red.G=0.5", r"algorithm\.red\.G: 0\.5 is below its minimum 1\.0"),
+    ("warmup.batch_size=0", r"warmup\.batch_size: 0 is below its minimum 1"),
+])
+def test_a_field_below_its_minimum_fails_at_parse_time(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(overrides=[override])
+    key, _ = override.split("=")
+    at_minimum = re.search(r"minimum (\S+)$", message).group(1).replace("\\", "")
+    algorithm = "fixed_sft" if key == "algorithm.red.G" else "red"  # G = 1 is the method fixed_sft
+    cfg = load_run_config(algorithm=algorithm, overrides=[f"{key}={at_minimum}"])  # the minimum itself passes
+    assert float(functools.reduce(getattr, key.split("."), cfg)) == float(at_minimum)
+
+
+def test_help_config_shows_each_minimum():
+    lines = describe(RunConfig)
+    assert any("kv_cache_gb = 0.0 [>= 0.0]" in line for line in lines)
+    assert any("n_samples = 4 [>= 2]" in line for line in lines)
 
 
 def test_choice_lists_agree_with_the_registries():

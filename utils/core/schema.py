@@ -36,9 +36,9 @@ LEAKAGE_POLICIES = ("drop_from_train", "warn", "error")  # utils/data/prepare.py
 
 @dataclass
 class LoraConfig:
-    rank: int = field(8, "LoRA rank r.")
+    rank: int = field(8, "LoRA rank r.", minimum=1)
     alpha: int = field(16, "LoRA alpha (scaling = alpha / rank).")
-    dropout: float = field(0.0, "LoRA dropout.")
+    dropout: float = field(0.0, "LoRA dropout.", minimum=0.0)
     target_modules: list[str] = field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
                                       "Module names that get LoRA adapters.")
     full_finetune: bool = field(False, "Train all weights instead of LoRA adapters.")
@@ -48,9 +48,9 @@ class LoraConfig:
 class EngineConfig:
     name: str = field("vllm", "Sampling engine.", ENGINE_NAMES)
     dtype: str = field("float32", "Engine dtype. fp32 makes vLLM and the trainer agree to ~1e-6 on CPU.", DTYPES)
-    max_model_len: int = field(512, "Longest context (prompt + generation) the engine accepts.")
+    max_model_len: int = field(512, "Longest context (prompt + generation) the engine accepts.", minimum=1)
     memory_share: float = field(0.3, "vLLM gpu_memory_utilization: on CPU the share of RAM for the KV cache "
-                                     "(0.92 fails to start on a 24 GiB box; 0.3 works).")
+                                     "(0.92 fails to start on a 24 GiB box; 0.3 works).", minimum=0.0)
     lora_serving: str = field("adapter", "vllm: serve the policy's LoRA as an adapter (LoRARequest), or merged "
                                          "into the base weights, reloaded on each policy change (no LoRA kernels "
                                          "in decoding; README \"Speed\").", LORA_SERVING)
@@ -64,17 +64,18 @@ class EngineConfig:
                                minimum=0.0)
     max_lora_rank: int = field(16, "Largest LoRA rank the vLLM engine must serve.")
     max_loras: int = field(2, "LoRA adapters vLLM keeps loaded at once (old and new policy).")
-    max_num_seqs: int = field(256, "Sequences vLLM batches at once.")
+    max_num_seqs: int = field(256, "Sequences vLLM batches at once.", minimum=1)
     enable_sleep_mode: bool = field(False, "GPU only: let vLLM free its memory while the trainer runs. Untested here.")
     enforce_eager: bool = field(True, "Skip CUDA graph capture (no effect on CPU).")
-    hf_batch_size: int = field(64, "hf engine: prompts per generate() call (bounds its padded batch memory).")
+    hf_batch_size: int = field(64, "hf engine: prompts per generate() call (bounds its padded batch memory).",
+                               minimum=1)
     base_url: str = field("http://127.0.0.1:8000/v1", "openai engine: the OpenAI-compatible endpoint, e.g. "
                                                       "`python -m utils.eval.serve`.")
     served_model: str = field("base", "openai engine: the endpoint's name for the base model (adapters are "
                                       "found by the directory they were served from).")
     api_key_env: str = field("OPENAI_API_KEY", "openai engine: environment variable holding the API key, if any.")
-    request_timeout: float = field(120.0, "openai engine: seconds per request before it fails.")
-    max_concurrent_requests: int = field(64, "openai engine: requests in flight at once.")
+    request_timeout: float = field(120.0, "openai engine: seconds per request before it fails.", minimum=0.0)
+    max_concurrent_requests: int = field(64, "openai engine: requests in flight at once.", minimum=1)
 
 
 @dataclass
@@ -118,35 +119,36 @@ class ModelConfig:
 @dataclass
 class SftConfig:
     enabled: bool = field(True, "Add the SFT cross-entropy term to the RL loss.")
-    loss_coef: float = field(0.1, "alpha: base weight of the SFT term.")
-    batch_size: int = field(16, "SFT examples per optimizer step.")
+    loss_coef: float = field(0.1, "alpha: base weight of the SFT term.", minimum=0.0)
+    batch_size: int = field(16, "SFT examples per optimizer step.", minimum=1)
     match_red: bool = field(False, "matched_sft: multiply loss_coef by the mean red/final_weight of the same "
                                    "seed's red run (05_train_red_grpo/red must have run).")
 
 
 @dataclass
 class RedConfig:
-    G: float = field(5.0, "Upper bound of the entropy weight and base of the accuracy factor; G=1 disables RED.")
+    G: float = field(5.0, "Upper bound of the entropy weight and base of the accuracy factor; G=1 disables RED.",
+                     minimum=1.0)
     sft_entropy_ema_decay: float = field(0.99, "EMA decay of the SFT entropy.")
     rl_entropy_ema_decay: float = field(0.99, "EMA decay of the RL entropy.")
     accuracy_aware_policy_shift: bool = field(True, "RED Part 2: multiply by G^(1-2*acc).")
-    weight_min: float = field(0.0, "Lower clamp of the final SFT weight.")
+    weight_min: float = field(0.0, "Lower clamp of the final SFT weight.", minimum=0.0)
     weight_max: float = field(25.0, "Upper clamp of the final SFT weight (G^2 for G=5).")
 
 
 @dataclass
 class RlConfig:
     enabled: bool = field(True, "Run GRPO; false gives SFT only.")
-    steps: int = field(30, "Optimizer steps.")
-    questions_per_step: int = field(16, "Questions per rollout batch (chosen on val with lr, README).")
-    n_samples: int = field(4, "Samples per question (GRPO group size).")
+    steps: int = field(30, "Optimizer steps.", minimum=0)
+    questions_per_step: int = field(16, "Questions per rollout batch (chosen on val with lr, README).", minimum=1)
+    n_samples: int = field(4, "Samples per question (GRPO group size).", minimum=2)
     min_subtasks: int = field(0, "RL questions: only train rows whose gold decomposition has at least this many "
-                                 "subtasks (0 = every row). SFT traces are unaffected (traces.*).")
-    max_turns: int = field(8, "Planner turns before the episode is forced to end (gold needs subtasks + 1).")
-    temperature: float = field(0.7, "Rollout sampling temperature (chosen on val, README).")
-    lr: float = field(1e-4, "Learning rate (chosen on val: 5e-4 and 2e-4 lost accuracy, README).")
-    clip_low: float = field(0.2, "PPO clip below 1.")
-    clip_high: float = field(0.28, "PPO clip above 1 (clip-higher, as in DAPO).")
+                                 "subtasks (0 = every row). SFT traces are unaffected (traces.*).", minimum=0)
+    max_turns: int = field(8, "Planner turns before the episode is forced to end (gold needs subtasks + 1).", minimum=1)
+    temperature: float = field(0.7, "Rollout sampling temperature (chosen on val, README).", minimum=0.0)
+    lr: float = field(1e-4, "Learning rate (chosen on val: 5e-4 and 2e-4 lost accuracy, README).", minimum=0.0)
+    clip_low: float = field(0.2, "PPO clip below 1.", minimum=0.0)
+    clip_high: float = field(0.28, "PPO clip above 1 (clip-higher, as in DAPO).", minimum=0.0)
     loss_agg: str = field("token-mean", "How per-token losses are averaged.", LOSS_AGGS)
     adv_scaling: str = field("none", "Advantage: r - group mean scaled by the group's or batch's std, or "
                                      "not (none = Dr. GRPO: a 0.1 format gap is not blown up to a correct "
@@ -156,7 +158,7 @@ class RlConfig:
                                          "ratio per sequence; method gspo).", POLICY_LOSS_NAMES)
     tis_cap: float = field(0.0, "Truncated importance sampling: weight each token's policy loss by "
                                 "min(p_trainer / p_sampler, tis_cap), detached (0 = off). For bf16 "
-                                "engines whose probabilities differ from the trainer's; ~1 in fp32 here.")
+                                "engines whose probabilities differ from the trainer's; ~1 in fp32 here.", minimum=0.0)
     train_roles: str = field("both", "Whose segments the policy loss trains: both roles share the episode's "
                                      "advantage (the paper), or only the planner's (the executor keeps its "
                                      "warmup behaviour, plus the SFT term when on).", TRAIN_ROLES)
@@ -164,16 +166,17 @@ class RlConfig:
                                        "this times the discounted sum of its group-normalised step rewards from "
                                        "its turn on (executor tokens keep the episode's).")
     process_gamma: float = field(1.0, "Discount of later steps' process rewards.")
-    kl_coef: float = field(0.0, "k3 KL coefficient to the reference: the SFT warmup adapter RL starts from.")
+    kl_coef: float = field(0.0, "k3 KL coefficient to the reference: the SFT warmup adapter RL starts from.",
+                           minimum=0.0)
     entropy_coef: float = field(0.0, "beta: entropy bonus.")
-    ppo_epochs: int = field(1, "Optimizer passes per rollout batch.")
-    weight_decay: float = field(0.0, "AdamW weight decay of the RL optimizer.")
-    max_grad_norm: float = field(1.0, "Gradient-norm clip of each RL optimizer step.")
+    ppo_epochs: int = field(1, "Optimizer passes per rollout batch.", minimum=1)
+    weight_decay: float = field(0.0, "AdamW weight decay of the RL optimizer.", minimum=0.0)
+    max_grad_norm: float = field(1.0, "Gradient-norm clip of each RL optimizer step.", minimum=0.0)
     max_skips_in_a_row: int = field(5, "Stop the run when this many optimizer steps in a row were skipped "
-                                       "for a non-finite loss, gradient or reward (0 = never stop).")
-    save_freq: int = field(10, "Checkpoint every N steps.")
-    keep_last: int = field(2, "Checkpoints kept.")
-    dump_freq: int = field(10, "Dump episodes every N steps.")
+                                       "for a non-finite loss, gradient or reward (0 = never stop).", minimum=0)
+    save_freq: int = field(10, "Checkpoint every N steps.", minimum=1)
+    keep_last: int = field(2, "Checkpoints kept.", minimum=1)
+    dump_freq: int = field(10, "Dump episodes every N steps.", minimum=0)
 
 
 @dataclass
@@ -227,37 +230,39 @@ class TracesConfig:
     source: str = field("gold", "SFT trace source: gold (the task's decomposition), solution (worked solution "
                                 "lines) or teacher (rejection-sampled episodes of a teacher model).",
                         ("gold", "solution", "teacher"))
-    max_traces: int = field(0, "Cap on traces written, in train order (0 = one per usable training row).")
-    max_subtasks: int = field(0, "Keep only traces with at most this many subtasks (0 = all lengths).")
-    long_traces: int = field(0, "With max_subtasks: also keep this many longer traces, the first in train order.")
+    max_traces: int = field(0, "Cap on traces written, in train order (0 = one per usable training row).", minimum=0)
+    max_subtasks: int = field(0, "Keep only traces with at most this many subtasks (0 = all lengths).", minimum=0)
+    long_traces: int = field(0, "With max_subtasks: also keep this many longer traces, the first in train order.",
+                             minimum=0)
     critic_error_rate: float = field(0.2, "With model.templates.thinking: actor_critic, the share of gold executor "
                                           "steps (integer results only) whose actor part shows a result off by one, "
                                           "which the critic flags ('no') and the refined part corrects: "
                                           "demonstrations of self-correction. Not tuned.")
     teacher_path: str = field("", "teacher source: base model directory (empty = model.path).")
     teacher_adapter: str = field("", "teacher source: optional LoRA adapter directory for the teacher.")
-    teacher_samples: int = field(4, "teacher source: episodes sampled per question.")
-    teacher_temperature: float = field(0.7, "teacher source: sampling temperature.")
-    teacher_batch: int = field(32, "teacher source: questions rolled out per engine batch.")
+    teacher_samples: int = field(4, "teacher source: episodes sampled per question.", minimum=1)
+    teacher_temperature: float = field(0.7, "teacher source: sampling temperature.", minimum=0.0)
+    teacher_batch: int = field(32, "teacher source: questions rolled out per engine batch.", minimum=1)
 
 
 @dataclass
 class WarmupConfig:
-    steps: int = field(300, "SFT optimizer steps.")
-    lr: float = field(5e-3, "Peak learning rate (linear warmup, then cosine decay to final_lr_ratio * lr).")
+    steps: int = field(300, "SFT optimizer steps.", minimum=0)
+    lr: float = field(5e-3, "Peak learning rate (linear warmup, then cosine decay to final_lr_ratio * lr).",
+                      minimum=0.0)
     final_lr_ratio: float = field(1.0, "LR at the last step as a share of the peak; 1 keeps it constant after "
                                        "warmup (measured: the default task needs it, see README).")
-    warmup_steps: int = field(30, "Linear warmup steps.")
+    warmup_steps: int = field(30, "Linear warmup steps.", minimum=0)
     decay_start: int = field(0, "Step where the cosine decay begins; the lr stays at its peak until then "
-                                "(0 = decay right after the linear warmup).")
-    batch_size: int = field(32, "Examples per step (planner and executor examples mixed).")
-    weight_decay: float = field(0.0, "AdamW weight decay.")
-    max_grad_norm: float = field(1.0, "Gradient-norm clip of each SFT step.")
+                                "(0 = decay right after the linear warmup).", minimum=0)
+    batch_size: int = field(32, "Examples per step (planner and executor examples mixed).", minimum=1)
+    weight_decay: float = field(0.0, "AdamW weight decay.", minimum=0.0)
+    max_grad_norm: float = field(1.0, "Gradient-norm clip of each SFT step.", minimum=0.0)
     max_skips_in_a_row: int = field(5, "Stop when this many SFT steps in a row were skipped for a non-finite "
-                                       "loss or gradient (0 = never stop).")
-    eval_every: int = field(100, "Validate (greedy rollouts on val) every N steps; 0 = only at the end.")
-    eval_size: int = field(100, "Validation questions per evaluation (0 = all).")
-    save_every: int = field(100, "Write the resumable checkpoint every N steps.")
+                                       "loss or gradient (0 = never stop).", minimum=0)
+    eval_every: int = field(100, "Validate (greedy rollouts on val) every N steps; 0 = only at the end.", minimum=0)
+    eval_size: int = field(100, "Validation questions per evaluation (0 = all).", minimum=0)
+    save_every: int = field(100, "Write the resumable checkpoint every N steps.", minimum=1)
 
 
 @dataclass
