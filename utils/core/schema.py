@@ -60,15 +60,13 @@ class EngineConfig:
                                     "A second in-process engine in the same process needs `kv_cache_gb`. "
                                     "Untested on GPU.")
     kv_cache_gb: float = field(0.0, "vllm: KV cache size in GiB; 0 lets vLLM size it from `memory_share`. An "
-                                    "explicit size is what lets two in-process engines share one process.",
-                               minimum=0.0)
+                                    "explicit size lets two in-process engines share one process.", minimum=0.0)
     max_lora_rank: int = field(16, "Largest LoRA rank the vLLM engine must serve.")
     max_loras: int = field(2, "LoRA adapters vLLM keeps loaded at once (old and new policy).")
     max_num_seqs: int = field(256, "Sequences vLLM batches at once.", minimum=1)
     enable_sleep_mode: bool = field(False, "GPU only: let vLLM free its memory while the trainer runs. Untested here.")
     enforce_eager: bool = field(True, "Skip CUDA graph capture (no effect on CPU).")
-    hf_batch_size: int = field(64, "hf engine: prompts per generate() call (bounds its padded batch memory).",
-                               minimum=1)
+    hf_batch_size: int = field(64, "hf engine: prompts per generate() call (bounds padded memory).", minimum=1)
     base_url: str = field("http://127.0.0.1:8000/v1", "openai engine: the OpenAI-compatible endpoint, e.g. "
                                                       "`python -m utils.eval.serve`.")
     served_model: str = field("base", "openai engine: the endpoint's name for the base model (adapters are "
@@ -127,7 +125,7 @@ class SftConfig:
 
 @dataclass
 class RedConfig:
-    G: float = field(5.0, "Upper bound of the entropy weight and base of the accuracy factor; G=1 disables RED.",
+    G: float = field(5.0, "Upper bound of the entropy weight, base of the accuracy factor; 1 disables RED.",
                      minimum=1.0)
     sft_entropy_ema_decay: float = field(0.99, "EMA decay of the SFT entropy.")
     rl_entropy_ema_decay: float = field(0.99, "EMA decay of the RL entropy.")
@@ -166,8 +164,7 @@ class RlConfig:
                                        "this times the discounted sum of its group-normalised step rewards from "
                                        "its turn on (executor tokens keep the episode's).")
     process_gamma: float = field(1.0, "Discount of later steps' process rewards.")
-    kl_coef: float = field(0.0, "k3 KL coefficient to the reference: the SFT warmup adapter RL starts from.",
-                           minimum=0.0)
+    kl_coef: float = field(0.0, "k3 KL coefficient to the reference: the SFT warmup RL starts from.", minimum=0.0)
     entropy_coef: float = field(0.0, "beta: entropy bonus.")
     ppo_epochs: int = field(1, "Optimizer passes per rollout batch.", minimum=1)
     weight_decay: float = field(0.0, "AdamW weight decay of the RL optimizer.", minimum=0.0)
@@ -232,8 +229,7 @@ class TracesConfig:
                         ("gold", "solution", "teacher"))
     max_traces: int = field(0, "Cap on traces written, in train order (0 = one per usable training row).", minimum=0)
     max_subtasks: int = field(0, "Keep only traces with at most this many subtasks (0 = all lengths).", minimum=0)
-    long_traces: int = field(0, "With max_subtasks: also keep this many longer traces, the first in train order.",
-                             minimum=0)
+    long_traces: int = field(0, "With max_subtasks: also keep this many longer ones, first in train order.", minimum=0)
     critic_error_rate: float = field(0.2, "With model.templates.thinking: actor_critic, the share of gold executor "
                                           "steps (integer results only) whose actor part shows a result off by one, "
                                           "which the critic flags ('no') and the refined part corrects: "
@@ -248,8 +244,7 @@ class TracesConfig:
 @dataclass
 class WarmupConfig:
     steps: int = field(300, "SFT optimizer steps.", minimum=0)
-    lr: float = field(5e-3, "Peak learning rate (linear warmup, then cosine decay to final_lr_ratio * lr).",
-                      minimum=0.0)
+    lr: float = field(5e-3, "Peak lr (linear warmup, then cosine decay to final_lr_ratio * lr).", minimum=0.0)
     final_lr_ratio: float = field(1.0, "LR at the last step as a share of the peak; 1 keeps it constant after "
                                        "warmup (measured: the default task needs it, see README).")
     warmup_steps: int = field(30, "Linear warmup steps.", minimum=0)
