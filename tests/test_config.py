@@ -117,21 +117,19 @@ def test_choice_fields_fail_at_parse_time_listing_the_valid_values(override, val
     assert f"valid: {valid}" in str(err.value) and override.split("=")[0] in str(err.value)
 
 
-@pytest.mark.parametrize("override, message", [
+@pytest.mark.parametrize("key, below, minimum", [
     # kv_cache_gb feeds the offline engine and utils/eval/serve.py alike: the schema refuses it for both
-    ("model.engine.kv_cache_gb=-1", r"model\.engine\.kv_cache_gb: -1\.0 is below its minimum 0\.0"),
-    ("algorithm.rl.n_samples=1", r"algorithm\.rl\.n_samples: 1 is below its minimum 2"),  # a group of one
-    ("algorithm.red.G=0.5", r"algorithm\.red\.G: 0\.5 is below its minimum 1\.0"),
-    ("warmup.batch_size=0", r"warmup\.batch_size: 0 is below its minimum 1"),
+    ("model.engine.kv_cache_gb", "-1.0", "0.0"),
+    ("algorithm.rl.n_samples", "1", "2"),  # a group of one has no advantage
+    ("algorithm.red.G", "0.5", "1.0"),
+    ("warmup.batch_size", "0", "1"),
 ])
-def test_a_field_below_its_minimum_fails_at_parse_time(override, message):
-    with pytest.raises(ConfigError, match=message):
-        load_run_config(overrides=[override])
-    key, _ = override.split("=")
-    at_minimum = re.search(r"minimum (\S+)$", message).group(1).replace("\\", "")
+def test_a_field_below_its_minimum_fails_at_parse_time(key, below, minimum):
+    with pytest.raises(ConfigError, match=re.escape(f"{key}: {below} is below its minimum {minimum}")):
+        load_run_config(overrides=[f"{key}={below}"])
     algorithm = "fixed_sft" if key == "algorithm.red.G" else "red"  # G = 1 is the method fixed_sft
-    cfg = load_run_config(algorithm=algorithm, overrides=[f"{key}={at_minimum}"])  # the minimum itself passes
-    assert float(functools.reduce(getattr, key.split("."), cfg)) == float(at_minimum)
+    cfg = load_run_config(algorithm=algorithm, overrides=[f"{key}={minimum}"])  # the minimum itself passes
+    assert float(functools.reduce(getattr, key.split("."), cfg)) == float(minimum)
 
 
 def test_help_config_shows_each_minimum():
