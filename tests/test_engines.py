@@ -48,6 +48,26 @@ def test_greedy_rollouts_identical_across_engines(which, any_vllm, hf_engine, ad
         assert sum(e.status == "answered" for e in v_eps) >= len(rows) // 2
 
 
+
+def test_greedy_without_logprobs_decodes_the_same_tokens(any_vllm, protocol_adapter, base_dir):
+    """Evaluation asks for no sampler log-probs (greedy_eval): the episodes are the same token for
+    token, their segments carry None, and they cannot be turned into training sequences."""
+    from utils.agent.episode import episode_sequences
+
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    any_vllm.set_adapter(protocol_adapter)
+    rows = _rows()
+    with_lp = _greedy(any_vllm, tok, rows)
+    spec = RolloutSpec(max_turns=4, temperature=0.0, logprobs=False)
+    without = Rollout(any_vllm, Codec(tok, TemplatesConfig()), spec).run(rows, n=1, seed=0)
+    view = lambda eps: [(e.status, e.final_answer, [(s.role, s.context_ids, s.gen_ids, s.text, s.finish_reason)  # noqa: E731
+                                                    for s in e.segments]) for e in eps]
+    assert view(without) == view(with_lp)
+    assert all(len(s.logprobs) == len(s.gen_ids) for e in with_lp for s in e.segments)
+    assert all(s.logprobs is None for e in without for s in e.segments)
+    with pytest.raises(ValueError, match="sampled without log-probs"):
+        episode_sequences(next(e for e in without if e.segments))
+
 def _peft_logprobs(base_dir, adapter, ids, start):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

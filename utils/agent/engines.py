@@ -211,7 +211,8 @@ class VLLMEngine:
 
         return SamplingParams(n=spec.n, temperature=spec.temperature, top_p=spec.top_p if spec.temperature else 1.0,
                               max_tokens=spec.max_tokens, stop=spec.stop or None, include_stop_str_in_output=True,
-                              logprobs=0, seed=seed, skip_special_tokens=True)
+                              logprobs=0 if spec.logprobs else None, flat_logprobs=True, seed=seed,
+                              skip_special_tokens=True)
 
     def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Sample]]:
         from vllm.inputs import TokensPrompt
@@ -319,8 +320,14 @@ MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"  # "0": vLLM's engine cor
 
 
 def _vllm_sample(c) -> Sample:
+    """A finished vLLM completion as a Sample. Its log-probs come flat (`flat_logprobs`: plain lists,
+    not a dict per token); with `logprobs=0` each position holds just the sampled token's."""
     ids = list(c.token_ids)
-    lps = [d[t].logprob for d, t in zip(c.logprobs or [], ids)]
+    lps = None
+    if c.logprobs is not None:
+        lps = list(c.logprobs.logprobs)
+        if list(c.logprobs.token_ids) != ids:
+            raise RuntimeError(f"vLLM returned log-probs of {len(lps)} tokens that are not the {len(ids)} sampled")
     return Sample(ids, c.text, lps, "stop" if c.finish_reason == "stop" else "length")
 
 

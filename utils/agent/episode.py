@@ -28,7 +28,7 @@ class Segment:
     turn: int
     context_ids: list[int]
     gen_ids: list[int]
-    logprobs: list[float]
+    logprobs: list[float] | None  # the sampler's, one per generated token; None if not asked for
     text: str
     finish_reason: str
     format: float = 0.0
@@ -120,6 +120,9 @@ def _conversation(ep: Episode, segments: list[Segment], role: str) -> Example:
         start = len(seg.context_ids)
         if ids[:start] != seg.context_ids or ids[start:start + len(seg.gen_ids)] != seg.gen_ids:
             raise ValueError(f"episode {ep.qid}/{ep.sample}: {role} contexts are not nested")
+        if seg.logprobs is None:
+            raise ValueError(f"episode {ep.qid}/{ep.sample}: a {role} segment was sampled without log-probs "
+                             "(RolloutSpec.logprobs=False), so it cannot become a training sequence")
         for k, lp in enumerate(seg.logprobs):
             mask[start + k], lps[start + k] = 1, lp
     return Example(ep.qid, role, ids, mask, lps)

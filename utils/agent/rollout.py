@@ -51,6 +51,7 @@ class RolloutSpec:
     top_k: int = 2  # the search tool's passages per search
     max_searches: int = 2  # per subtask
     information: str = "<information>{passages}</information>\n"
+    logprobs: bool = True  # sampler log-probs of every generated token (training needs them)
 
     @classmethod
     def from_config(cls, cfg: RunConfig, temperature: float) -> "RolloutSpec":
@@ -98,7 +99,7 @@ class Rollout:
 
     def _sampling(self, max_tokens: int, stops: list[str]) -> SamplingSpec:
         return SamplingSpec(max_tokens=max_tokens, temperature=self.spec.temperature, top_p=self.spec.top_p,
-                            stop=stops)
+                            stop=stops, logprobs=self.spec.logprobs)
 
     def _budget(self, ctx: list[int], want: int) -> int:
         return min(want, self.spec.max_model_len - len(ctx))

@@ -14,7 +14,7 @@ from typing import Protocol
 class Sample:
     token_ids: list[int]
     text: str
-    logprobs: list[float]
+    logprobs: list[float] | None  # None when the request did not ask for them (SamplingSpec.logprobs)
     finish_reason: str  # "stop" | "length"
 
 
@@ -25,6 +25,7 @@ class SamplingSpec:
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
     n: int = 1
+    logprobs: bool = True  # the sampled tokens' log-probs; an engine may skip them when False
 
 
 def derive_seed(*parts: int | str) -> int:

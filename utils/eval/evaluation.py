@@ -31,7 +31,8 @@ def greedy_eval(engine, codec: Codec, rows: list[dict], spec: RewardSpec, rollou
                 retriever=None) -> tuple[dict, list[dict]]:
     """(summary metrics, per-episode records) of greedy rollouts on `rows`; with a retriever (the
     search tool), also the search metrics (`search_metrics`)."""
-    episodes = Rollout(engine, codec, replace(rollout, temperature=0.0), retriever).run(rows, n=1, seed=0)
+    greedy = replace(rollout, temperature=0.0, logprobs=False)  # nothing here reads sampler log-probs
+    episodes = Rollout(engine, codec, greedy, retriever).run(rows, n=1, seed=0)
     scored = score_episodes(episodes, spec)
     summary = summarize_scores(scored)
     if retriever is not None:

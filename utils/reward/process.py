@@ -95,7 +95,7 @@ class JudgePRM:
                 if task is not None:
                     asks.append((e, k, self.prompt(ep.question, list(done), task)))
                     done.append(task)
-        spec = SamplingSpec(temperature=0.0, max_tokens=self.max_tokens, stop=["\n"])
+        spec = SamplingSpec(temperature=0.0, max_tokens=self.max_tokens, stop=["\n"], logprobs=False)
         replies = self.engine.generate([self.tok(p, add_special_tokens=False)["input_ids"] for _, _, p in asks],
                                        spec, [0] * len(asks)) if asks else []
         for (e, k, _), samples in zip(asks, replies):
