@@ -58,7 +58,7 @@ def raw_single_call(engine, prompts: list[list[int]], tokens_each: int, seed: in
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(max_tokens=tokens_each, min_tokens=tokens_each, ignore_eos=True, temperature=1.0,
-                            seed=seed, logprobs=0)
+                            seed=seed, logprobs=0, flat_logprobs=True)  # as the agent rollout asks
     outs, dt = timed(lambda: engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
                                                  lora_request=engine.lora, use_tqdm=False))
     return sum(len(o.outputs[0].token_ids) for o in outs), dt
