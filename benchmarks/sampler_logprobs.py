@@ -9,8 +9,10 @@ mismatch, TIS); a greedy evaluation reads nothing of them, so `greedy_eval` asks
 alternating so the box's drift falls on both arms:
 - a greedy evaluation of 200 test items with and without log-probs (07's and 04's workload);
 - a sampled rollout of 16 training questions x 4 samples at temperature 1 with and without them
-  (05's workload; training cannot drop them, so this is only what they still cost).
-It checks that each pair generated the same tokens and prints the medians. Not a test.
+  (05's workload; training cannot drop them, so "without" is only what they still cost).
+The sampled arms also time the log-probs vLLM returns without decoding each entry to text (what
+the rollout now asks for, `VLLMEngine.fast_logprobs`) against with it (vLLM's default). It checks
+that every arm generated the same tokens and prints the medians. Not a test.
 """
 import argparse
 import statistics
@@ -55,21 +57,32 @@ def main() -> int:
     engine = make_engine(cfg.model.engine.name, model_dir(cfg), cfg.model.engine, cfg.seed)
     engine.set_adapter(adapter)
     codec = Codec(load_tokenizer(model_dir(cfg), cfg.model.trust_remote_code), cfg.model.templates)
-    workloads = (("greedy, 200 test items", RolloutSpec.from_config(cfg, 0.0), test, 1),
-                 ("sampled, 16 questions x 4", RolloutSpec.from_config(cfg, 1.0), train, 4))
-    timed_rollout(engine, codec, workloads[0][1], test[:16], 1, 0)  # first-call costs are nobody's
-    for label, spec, rows, n in workloads:
-        seconds = {True: [], False: []}
+    greedy, sampled = RolloutSpec.from_config(cfg, 0.0), RolloutSpec.from_config(cfg, 1.0)
+    # (workload, rows, samples per row, arms: (label, spec, vLLM decodes each log-prob entry's text))
+    workloads = (("greedy, 200 test items", test, 1,
+                  (("with log-probs", replace(greedy, logprobs=True), False),
+                   ("without", replace(greedy, logprobs=False), False))),
+                 ("sampled, 16 questions x 4", train, 4,
+                  (("log-probs with token text", sampled, False),
+                   ("log-probs, no token text", sampled, True),
+                   ("no log-probs", replace(sampled, logprobs=False), True))))
+    timed_rollout(engine, codec, greedy, test[:16], 1, 0)  # first-call costs are nobody's
+    for label, rows, n, arms in workloads:
+        seconds = {arm: [] for arm, _, _ in arms}
         for rep in range(args.repeats):
-            runs = {lp: timed_rollout(engine, codec, replace(spec, logprobs=lp), rows, n, rep) for lp in (True, False)}
-            if runs[True][1] != runs[False][1]:
-                sys.exit(f"sampler_logprobs: {label}: tokens differ with and without log-probs (repeat {rep})")
-            for lp, (dt, _) in runs.items():
-                seconds[lp].append(dt)
-        with_lp, without = statistics.median(seconds[True]), statistics.median(seconds[False])
-        print(f"{label}: with log-probs {with_lp:.2f} s, without {without:.2f} s (medians of {args.repeats}; "
-              f"{1 - without / with_lp:.0%} less); runs {[round(x, 2) for x in seconds[True]]} / "
-              f"{[round(x, 2) for x in seconds[False]]}")
+            tokens = []
+            for arm, spec, fast in arms:
+                engine.fast_logprobs = fast
+                dt, toks = timed_rollout(engine, codec, spec, rows, n, rep)
+                seconds[arm].append(dt)
+                tokens.append(toks)
+            if any(t != tokens[0] for t in tokens):
+                sys.exit(f"sampler_logprobs: {label}: the arms generated different tokens (repeat {rep})")
+        first = statistics.median(seconds[arms[0][0]])
+        print(f"{label} (medians of {args.repeats}, same tokens in every arm):")
+        for arm, ts in seconds.items():
+            med = statistics.median(ts)
+            print(f"  {arm:<28}{med:>7.2f} s {1 - med / first:>5.0%} less   runs {[round(x, 2) for x in ts]}")
     engine.close()
     return 0
 

@@ -68,6 +68,43 @@ def test_greedy_without_logprobs_decodes_the_same_tokens(any_vllm, protocol_adap
     with pytest.raises(ValueError, match="sampled without log-probs"):
         episode_sequences(next(e for e in without if e.segments))
 
+def test_rollout_logprobs_skip_their_token_text(vllm_merged, protocol_adapter, base_dir):
+    """The agent rollout's requests keep their log-probs but vLLM no longer decodes each entry to text
+    (`_skip_logprob_token_text`, an internal of the pinned vLLM: this fails if an upgrade moves it),
+    and the sampled tokens and log-probs are those of the decoding path."""
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    from utils.agent.engines import _skip_logprob_token_text
+    from utils.agent.sampling import SamplingSpec
+
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    vllm_merged.set_adapter(protocol_adapter)
+    engine = vllm_merged.llm.llm_engine
+    params = vllm_merged._params(SamplingSpec(max_tokens=6), seed=3)
+    params.output_kind = RequestOutputKind.FINAL_ONLY
+    internal = engine.add_request("probe-skip", TokensPrompt(prompt_token_ids=tok.encode("plan: 1+2\n")), params)
+    assert _skip_logprob_token_text(engine, internal)
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += [o for o in engine.step() if o.finished]
+    (out,) = outs
+    lps = out.outputs[0].logprobs
+    assert len(lps.logprobs) == len(out.outputs[0].token_ids) > 0
+    assert set(lps.decoded_tokens) == {None}
+
+    rows = _rows(8)
+    spec = RolloutSpec(max_turns=4, temperature=1.0)
+    runs = {}
+    for fast in (False, True):
+        vllm_merged.fast_logprobs = fast
+        vllm_merged.set_adapter(protocol_adapter)  # a fresh prefix cache for each run
+        eps = Rollout(vllm_merged, Codec(tok, TemplatesConfig()), spec).run(rows, n=2, seed=5, step=1)
+        runs[fast] = [(s.gen_ids, s.logprobs) for e in eps for s in e.segments]
+    vllm_merged.fast_logprobs = True
+    assert [g for g, _ in runs[True]] == [g for g, _ in runs[False]]
+    assert runs[True] == runs[False]
+
 def _peft_logprobs(base_dir, adapter, ids, start):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

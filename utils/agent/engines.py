@@ -168,6 +168,7 @@ class VLLMEngine:
         self._next_request = 0
         self.model_path = model_path
         self._base: dict = {}  # merged serving: the base model's weights, read once
+        self.fast_logprobs = True  # submit: no text for log-prob entries (_skip_logprob_token_text)
 
     def set_adapter(self, path: Path | None) -> None:
         if self.merged:
@@ -234,7 +235,10 @@ class VLLMEngine:
         params.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate asks: the finished output only
         rid = f"agent-{self._next_request}"  # outputs carry this id (add_request's return value is internal)
         self._next_request += 1
-        self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params, lora_request=self.lora)
+        internal = self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params,
+                                                   lora_request=self.lora)
+        if self.fast_logprobs:
+            _skip_logprob_token_text(self.llm.llm_engine, internal)
         self._pending[rid] = key
 
     def poll(self) -> list[tuple[object, Sample]]:
@@ -317,6 +321,20 @@ def keep_freed_memory() -> bool:
 
 
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"  # "0": vLLM's engine core runs in the calling process
+
+
+def _skip_logprob_token_text(llm_engine, request_id: str) -> bool:
+    """Stop vLLM decoding each sampled token's log-prob entry to text (`Logprob.decoded_token`, which
+    nothing here reads): about half of what the log-probs cost a rollout (benchmarks/sampler_logprobs.py).
+    vLLM has no switch for it short of `detokenize=False`, which would also drop stop strings, so this
+    clears the tokenizer of the request's log-prob processor, an internal of the vLLM version pinned in
+    requirements (tests/test_engines.py checks that it still takes). Returns whether it took."""
+    state = getattr(llm_engine.output_processor, "request_states", {}).get(request_id)
+    processor = getattr(state, "logprobs_processor", None)
+    if processor is None or not hasattr(processor, "tokenizer"):
+        return False
+    processor.tokenizer = None
+    return True
 
 
 def _vllm_sample(c) -> Sample:
