@@ -48,7 +48,6 @@ def test_greedy_rollouts_identical_across_engines(which, any_vllm, hf_engine, ad
         assert sum(e.status == "answered" for e in v_eps) >= len(rows) // 2
 
 
-
 def test_greedy_without_logprobs_decodes_the_same_tokens(any_vllm, protocol_adapter, base_dir):
     """Evaluation asks for no sampler log-probs (greedy_eval): the episodes are the same token for
     token, their segments carry None, and they cannot be turned into training sequences."""
@@ -67,6 +66,7 @@ def test_greedy_without_logprobs_decodes_the_same_tokens(any_vllm, protocol_adap
     assert all(s.logprobs is None for e in without for s in e.segments)
     with pytest.raises(ValueError, match="sampled without log-probs"):
         episode_sequences(next(e for e in without if e.segments))
+
 
 def test_rollout_logprobs_skip_their_token_text(vllm_merged, protocol_adapter, base_dir):
     """The agent rollout's requests keep their log-probs but vLLM no longer decodes each entry to text
@@ -104,6 +104,7 @@ def test_rollout_logprobs_skip_their_token_text(vllm_merged, protocol_adapter, b
     vllm_merged.fast_logprobs = True
     assert [g for g, _ in runs[True]] == [g for g, _ in runs[False]]
     assert runs[True] == runs[False]
+
 
 def _peft_logprobs(base_dir, adapter, ids, start):
     from peft import PeftModel
