@@ -5,7 +5,9 @@ weights). The loss is masked to each role's generated tokens. Every `warmup.eval
 current adapter is served by the rollout engine (model.engine.name) for greedy planner/executor
 rollouts on the val split, scored with the reward spec; results go to valid_samples/step_N.json.
 Writes logs/train.jsonl, ckpt_sft/{best,final} (peft adapter directories that vLLM loads as a
-LoRARequest) and the manifest. An interrupted run resumes from ckpt_sft/last.
+LoRARequest) and the manifest. An interrupted run resumes from ckpt_sft/last. Under
+`accelerate launch --multi_gpu --num_processes N` the global batch is split over N ranks
+(utils/train/world.py); rank 0 alone validates and writes, and the manifest records world_size.
 """
 import sys
 
@@ -23,6 +25,7 @@ from utils.eval.evaluation import Validator
 from utils.reward.spec import read_spec
 from utils.train.policy import load_policy
 from utils.train.sft_trainer import SftLoop
+from utils.train.world import join_world
 
 STAGE = "04_sft_warmup"
 
@@ -34,7 +37,9 @@ def main(argv=None) -> int:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    with StageRun(STAGE, out, stage_config(cfg, STAGE), cfg.seed) as run:
+    world = join_world()
+    with StageRun(STAGE, out, stage_config(cfg, STAGE), cfg.seed, writer=world.main) as run:
+        run.data["world_size"] = world.size
         traces_dir, _ = parent(run, cfg, "03_generate_sft_traces")
         _, prepared = parent(run, cfg, "01_prepare_dataset")
         rewards_dir, _ = parent(run, cfg, "02_build_rewards")
@@ -49,15 +54,16 @@ def main(argv=None) -> int:
         for p in (traces_dir / "sft_traces.jsonl", val_path, rewards_dir / "reward_spec.yaml"):
             run.add_input(p)
         validator = Validator(cfg, base, rows, read_spec(rewards_dir / "reward_spec.yaml"),
-                              Codec(tok, cfg.model.templates), out, run_retriever(cfg, run))
+                              Codec(tok, cfg.model.templates), out, run_retriever(cfg, run)) if world.main else None
         torch.manual_seed(cfg.seed)  # LoRA init draws from torch's RNG
         model = load_policy(base, cfg.model.lora, cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
         loop = SftLoop(model, examples, cfg.warmup, cfg.seed, tok.pad_token_id, out,
-                       lambda d, s: validator(model, d, s), run.data["config_sha256"])
+                       validator and (lambda d, s: validator(model, d, s)), run.data["config_sha256"], world)
         resumed = loop.try_resume()
-        if resumed:
+        if resumed and world.main:
             print(f"{STAGE}: resuming from step {loop.state.step}")
-        with tqdm(total=cfg.warmup.steps, initial=loop.state.step, desc="sft", unit="step") as bar:
+        with tqdm(total=cfg.warmup.steps, initial=loop.state.step, desc="sft", unit="step",
+                  disable=not world.main) as bar:
             state = loop.run(bar)
         for name in ("ckpt_sft/best", "ckpt_sft/final", "logs/train.jsonl"):
             run.add_output(out / name)
@@ -66,7 +72,8 @@ def main(argv=None) -> int:
                            best_val_accuracy=state.best_metric, final_val_accuracy=last.get("accuracy"),
                            final_val_format=last.get("format"), examples=len(examples),
                            trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad))
-    print(f"{STAGE}: best val accuracy {state.best_metric} at step {state.best_step} -> {out / 'ckpt_sft'}")
+    if world.main:
+        print(f"{STAGE}: best val accuracy {state.best_metric} at step {state.best_step} -> {out / 'ckpt_sft'}")
     return 0
 
 

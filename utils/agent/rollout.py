@@ -96,6 +96,7 @@ class Rollout:
     def __init__(self, engine: Engine, codec: Codec, spec: RolloutSpec, retriever=None):
         self.engine, self.codec, self.spec, self.retriever = engine, codec, spec, retriever
         self._evidence: list[str | None] = []  # per episode of the running batch: its row's context
+        self._first = 0  # the running batch's first episode index (data parallelism)
 
     def _sampling(self, max_tokens: int, stops: list[str]) -> SamplingSpec:
         return SamplingSpec(max_tokens=max_tokens, temperature=self.spec.temperature, top_p=self.spec.top_p,
@@ -121,16 +122,18 @@ class Rollout:
         if turn >= self.spec.max_turns:
             self._end(ep, "max_turns", f"no <answer> after {self.spec.max_turns} planner turns")
         elif not self._submit((PLANNER, i, turn, None), ep.planner_ids, self.spec.max_new_tokens_planner,
-                              derive_seed(seed, step, i, turn, "planner")):
+                              derive_seed(seed, step, self._first + i, turn, "planner")):
             self._end(ep, "malformed", "planner context exceeds max_model_len")
 
-    def run(self, rows: list[dict], n: int, seed: int, step: int = 0) -> list[Episode]:
+    def run(self, rows: list[dict], n: int, seed: int, step: int = 0, first: int = 0) -> list[Episode]:
         """n episodes per row ({id, question, answers, context?}); deterministic in (seed, step).
+        `first`: the index of the first episode in a larger batch that several data-parallel ranks
+        share (utils/train/world.py), so each episode is seeded as it would be in one process.
 
         Every request is seeded by (seed, step, episode, turn, role) alone, and episodes advance
         independently: an executor call is queued as soon as its planner turn ends, and the next
         planner turn as soon as its result is injected, all on the engine's one request stream."""
-        episodes, self._evidence = [], []
+        episodes, self._evidence, self._first = [], [], first
         for row in rows:
             prompt, ids = self.codec.planner_prompt(row["question"], row.get("context"))
             self._evidence += [row.get("context")] * n
@@ -171,7 +174,7 @@ class Rollout:
         searches = call[2]
         role = "executor" if searches == 0 else f"executor/{searches}"
         if not self._submit((EXECUTOR, i, turn, call), call[1], self.spec.max_new_tokens_executor,
-                            derive_seed(seed, step, i, turn, role)):
+                            derive_seed(seed, step, self._first + i, turn, role)):
             self._end(ep, "executor_error", "executor context exceeds max_model_len")
 
     def _search(self, ep: Episode, turn: int, query: str) -> str:

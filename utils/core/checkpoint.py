@@ -57,12 +57,14 @@ def save_weights(model, out_dir: Path) -> None:
     tmp.rename(out_dir)
 
 
-def save_checkpoint(final: Path, model, opt, sched, state: dict, config_sha: str) -> Path:
+def save_checkpoint(final: Path, model, opt, sched, state: dict, config_sha: str, rank_rngs: list | None = None) -> Path:
+    """`rank_rngs`: under data parallelism, every rank's torch RNG state (rank 0 saves them all)."""
     with _assembling(final.with_name(final.name + ".tmp")) as tmp:
         _save_pretrained(model, tmp / "weights")
         fault_point("checkpoint")  # the kill-anywhere test's cut (utils/core/faults.py)
         torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict() if sched is not None else None,
-                    "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, tmp / "trainer.pt")
+                    "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+                    **({"torch_rng_ranks": rank_rngs} if rank_rngs else {})}, tmp / "trainer.pt")
         atomic_write_json(tmp / "state.json", {**state, "config_sha256": config_sha})
     old = final.with_name(final.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
@@ -83,8 +85,9 @@ def read_state(path: Path) -> tuple[dict, str]:
     return saved, saved.pop("config_sha256")
 
 
-def load_checkpoint(path: Path, model, opt, sched) -> dict:
-    """Restore weights, optimizer, scheduler and RNG states in place; returns the loop state."""
+def load_checkpoint(path: Path, model, opt, sched, rank: int = 0) -> dict:
+    """Restore weights, optimizer, scheduler and RNG states (`rank`'s own, if the checkpoint holds
+    every rank's) in place; returns the loop state."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
@@ -97,13 +100,14 @@ def load_checkpoint(path: Path, model, opt, sched) -> dict:
     opt.load_state_dict(blob["optimizer"])
     if sched is not None:
         sched.load_state_dict(blob["scheduler"])
-    torch.set_rng_state(blob["torch_rng"])
+    torch.set_rng_state(blob["torch_rng_ranks"][rank] if rank < len(blob.get("torch_rng_ranks", ())) else blob["torch_rng"])
     random.setstate(blob["python_rng"])
     state, _ = read_state(path)
     return state
 
 
-def resume_latest(checkpoints: list[Path], config_sha: str, model, opt, sched, logger, stale: Path) -> dict | None:
+def resume_latest(checkpoints: list[Path], config_sha: str, model, opt, sched, logger, stale: Path,
+                  rank: int = 0) -> dict | None:
     """The loop state of the newest checkpoint, restored in place, if it belongs to `config_sha`;
     else None after removing `stale` (what a killed run or another config left) and emptying the
     metrics log. A resumed log is cut back to the restored step, since the loop replays the rest."""
@@ -111,6 +115,6 @@ def resume_latest(checkpoints: list[Path], config_sha: str, model, opt, sched, l
         shutil.rmtree(stale, ignore_errors=True)
         logger.truncate(0)
         return None
-    state = load_checkpoint(checkpoints[-1], model, opt, sched)
+    state = load_checkpoint(checkpoints[-1], model, opt, sched, rank)
     logger.truncate(state["step"])
     return state

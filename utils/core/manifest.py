@@ -217,8 +217,10 @@ class StageRun:
             run.add_output(path); run.metrics["n_train"] = 100
     """
 
-    def __init__(self, stage: str, out_dir: Path, config: dict, seed: int | None = None):
-        self.stage, self.out_dir = stage, Path(out_dir)
+    def __init__(self, stage: str, out_dir: Path, config: dict, seed: int | None = None, writer: bool = True):
+        """`writer=False`: a data-parallel rank other than 0 (utils/train/world.py), which reads its
+        parents through the run but takes no lock and writes no manifest."""
+        self.stage, self.out_dir, self.writer = stage, Path(out_dir), writer
         self.path = self.out_dir / MANIFEST_NAME
         self.metrics: dict[str, Any] = {}
         self.warnings: list[str] = []
@@ -233,7 +235,8 @@ class StageRun:
         self.data["inputs"][rel(path)] = path_sha256(path)
 
     def add_output(self, path: Path) -> None:
-        self.data["outputs"][rel(path)] = path_sha256(path)
+        if self.writer:
+            self.data["outputs"][rel(path)] = path_sha256(path)
 
     def add_parent(self, stage_dir: Path) -> dict:
         """Record a parent stage's manifest digest; returns the parent manifest. It must be complete."""
@@ -260,6 +263,8 @@ class StageRun:
         atomic_write_json(self.path, body)
 
     def __enter__(self) -> "StageRun":
+        if not self.writer:
+            return self
         self._lock = RunLock(self._run_dir())  # one writer per run (utils/core/lock.py)
         self._lock.acquire()
         remove_stale_temporaries(self.out_dir)
@@ -273,6 +278,8 @@ class StageRun:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if not self.writer:
+            return False
         self.data["finished_at"] = utc_now()
         self.data["wall_seconds"] = round(time.time() - self._t0, 3)
         self.data["peak_rss_mb"], self.data["peak_rss_children_mb"] = peak_rss_mb()

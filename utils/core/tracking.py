@@ -43,6 +43,19 @@ def resolve_mode(mode: str) -> str:
     return mode
 
 
+class NullLogger:
+    """A MetricsLogger that writes nothing: the logger of a data-parallel rank other than 0."""
+
+    def log(self, metrics: dict) -> None:
+        pass
+
+    def truncate(self, step: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
 class MetricsLogger:
     def __init__(self, path: Path, backend=None):
         self.path, self.backend = Path(path), backend or NullBackend()

@@ -7,6 +7,13 @@ learning rate is constant: there is no scheduler). Rollout randomness derives fr
 index), so a resumed run on CPU reproduces an uninterrupted one. A non-finite reward, loss or
 gradient skips the optimizer step (logged as `train/skipped_nonfinite`) and never reaches a
 checkpoint; `rl.max_skips_in_a_row` skips in a row stop the run with an error naming the steps.
+
+Under data parallelism (utils/train/world.py) each rank rolls out its contiguous block of the step's
+questions on its own engine, so a question's samples (its GRPO group) never straddle ranks and each
+episode is seeded as in one process. Each rank's loss is normalised over its own sequences and the
+gradients are averaged over ranks, as DDP does; batch accuracy (RED's w_acc), the logged metrics
+and the entropies RED's state follows are the whole step's, so every rank keeps the same state.
+Rank 0 alone writes logs, episodes and checkpoints (with every rank's RNG state).
 """
 from __future__ import annotations
 
@@ -23,11 +30,12 @@ from utils.agent.rollout import Rollout
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
 from utils.core.stream import Cursor, take
 from utils.reward.spec import score_answer, score_episodes
-from utils.train.guard import SkipStreak, guarded_step
+from utils.train.guard import SOLO, SkipStreak, guarded_step
 from utils.train.grpo import build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
 from utils.reward.process import verifier_rewards
 from utils.train.losses import RedState, process_advantages, red_update
 from utils.train.policy import forward_logprobs, reference_logprobs, sft_batch, sft_terms
+from utils.train.world import World
 
 
 @dataclass
@@ -45,25 +53,28 @@ class TrainState:
 
 class GrpoTrainer:
     def __init__(self, cfg, model, engine, rollout: Rollout, spec, rows: list[dict], sft_examples: list,
-                 pad_id: int, out_dir: Path, logger, config_sha: str, offline: dict | None = None):
+                 pad_id: int, out_dir: Path, logger, config_sha: str, offline: dict | None = None,
+                 world: World = SOLO):
         self.cfg, self.alg, self.model, self.engine, self.rollout = cfg, cfg.algorithm, model, engine, rollout
         self.spec, self.rows, self.sft_examples, self.pad_id = spec, rows, sft_examples, pad_id
         self.offline = offline or {}  # red_paper: question id -> OfflineSample (utils/agent/traces.py)
         self.prm = None  # reward.process.source judge: a JudgePRM (utils/reward/process.py), set by build_trainer
-        self.out, self.logger, self.config_sha = out_dir, logger, config_sha
+        self.out, self.logger, self.config_sha, self.world = out_dir, logger, config_sha, world
         params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=self.alg.rl.lr, weight_decay=self.alg.rl.weight_decay)
         self.state = TrainState()
         self.last_rollout: tuple[list[dict], list] | None = None
         self.ckpt_dir = out_dir / "ckpt"
-        self.policy_dir = out_dir / "policy"
+        self.policy_dir = out_dir / ("policy" if world.main else f"policy_rank{world.rank}")  # one per engine
 
     # ------------------------------------------------------------ checkpoints
     def save(self) -> Path:
-        final = save_checkpoint(self.ckpt_dir / f"step_{self.state.step}", self.model, self.opt, None,
-                                asdict(self.state), self.config_sha)
-        for old in self.checkpoints()[:-self.alg.rl.keep_last]:
-            shutil.rmtree(old)
+        final = self.ckpt_dir / f"step_{self.state.step}"
+        rngs = self.world.gather(torch.get_rng_state())  # every rank takes part; rank 0 writes
+        if self.world.main:
+            save_checkpoint(final, self.model, self.opt, None, asdict(self.state), self.config_sha, rngs)
+            for old in self.checkpoints()[:-self.alg.rl.keep_last]:
+                shutil.rmtree(old)
         return final
 
     def checkpoints(self) -> list[Path]:
@@ -74,14 +85,22 @@ class GrpoTrainer:
         return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
     def try_resume(self) -> bool:
+        """Restore the newest checkpoint of this config. Rank 0 decides first (it clears what another
+        config left); the other ranks then read what it kept."""
+        if not self.world.main:
+            self.world.barrier()
         state = resume_latest(self.checkpoints(), self.config_sha, self.model, self.opt, None, self.logger,
-                              stale=self.ckpt_dir)
+                              stale=self.ckpt_dir, rank=self.world.rank)
+        if self.world.main:
+            self.world.barrier()
         if state is not None:
             self.state = TrainState.from_json(state)
         return state is not None
 
     def _sft_examples(self) -> list:
-        return take(self.sft_examples, self.alg.sft.batch_size, f"{self.cfg.seed}/s", self.state.sft)
+        """The next SFT batch (this rank's shard of it)."""
+        batch = take(self.sft_examples, self.alg.sft.batch_size, f"{self.cfg.seed}/s", self.state.sft)
+        return self.world.shard(batch, length=lambda e: len(e.ids))
 
     def sync_policy(self) -> float:
         """Give the current adapter to the engine; returns seconds."""
@@ -96,19 +115,32 @@ class GrpoTrainer:
 
     # ------------------------------------------------------------ one step
     def _optimize(self, loss: torch.Tensor) -> tuple[int, float]:
-        return guarded_step(self.opt, self.model, loss, self.alg.rl.max_grad_norm)
+        """One guarded step; with several ranks on the mean of their losses (gradients summed / N)."""
+        if self.world.size > 1:
+            loss = loss / self.world.size
+        return guarded_step(self.opt, self.model, loss, self.alg.rl.max_grad_norm, self.world)
+
+    def _zero_loss(self) -> torch.Tensor:
+        """A rank with nothing to train on this step still joins the gradient sum, with zeros."""
+        return sum(p.sum() for p in self.model.parameters() if p.requires_grad) * 0.0
 
     def sft_only_step(self) -> dict:
         """Method `sft`: the same optimizer on α·L_SFT alone, no rollouts (the no-RL ablation)."""
         t0 = time.time()
-        l_sft, h_sft = sft_terms(self.model, sft_batch(self._sft_examples(), self.pad_id), with_entropy=True)
-        loss = self.alg.sft.loss_coef * l_sft
-        skipped, _ = self._optimize(loss)
+        shard = self._sft_examples()
+        if not shard:  # fewer examples than ranks
+            skipped, _ = self._optimize(self._zero_loss())
+            stats = {}
+        else:
+            l_sft, h_sft = sft_terms(self.model, sft_batch(shard, self.pad_id), with_entropy=True)
+            loss = self.alg.sft.loss_coef * l_sft
+            skipped, _ = self._optimize(loss)
+            stats = {"actor/sft_loss": round(loss.item() / max(self.alg.sft.loss_coef, 1e-12), 6),
+                     "actor/sft_entropy": round(h_sft.item(), 6)}
+        stats = self.world.mean(stats)
         self.state.step += 1
         timings = {"time/update": time.time() - t0, "time/weight_sync": self.sync_policy()}
-        return {"step": self.state.step, "actor/sft_loss": round(loss.item() / max(self.alg.sft.loss_coef, 1e-12), 6),
-                "actor/sft_entropy": round(h_sft.item(), 6),
-                "train/skipped_nonfinite": skipped, **timings}
+        return {"step": self.state.step, **stats, "train/skipped_nonfinite": skipped, **timings}
 
     def _fixed_logprobs(self, batch) -> tuple:
         """(old, reference) log-probs of the batch: the policy the sampler served and, when the KL term
@@ -135,18 +167,27 @@ class GrpoTrainer:
         """The optimizer step(s) on L_GRPO − β·H + w·α·L_SFT, then the RED state update: (stats, skipped)."""
         sft = None
         if self.alg.sft.enabled and self.sft_examples:
-            sft = sft_batch(self._sft_examples(), self.pad_id)
+            shard = self._sft_examples()
+            sft = sft_batch(shard, self.pad_id) if shard else None
         stats, skipped = {}, 0
         red = RedState(**self.state.red)
+        anyone = batch is not None
+        if self.world.size > 1:  # a step trains if any rank has sequences to train on
+            anyone = self.world.sum(torch.tensor([float(anyone)])).item() > 0
         for _ in range(self.alg.rl.ppo_epochs):
-            if batch is None:
+            if not anyone:
                 break
-            terms = red_grpo_loss(self.model, batch, old_lp, sft, self.alg, red, accuracy, ref_lp, self.state.red_paper)
-            stats = terms.stats
-            skipped, grad = self._optimize(terms.loss)
+            if batch is None:  # another rank has sequences to train on: join its step with zeros
+                skipped, grad = self._optimize(self._zero_loss())
+            else:
+                terms = red_grpo_loss(self.model, batch, old_lp, sft, self.alg, red, accuracy, ref_lp,
+                                      self.state.red_paper)
+                stats = terms.stats
+                skipped, grad = self._optimize(terms.loss)
             if skipped:
                 break
             stats["actor/grad_norm"] = grad
+        stats = self.world.mean(stats)  # the whole step's: every rank's RED state follows the same values
         if "red_paper/h_sft" in stats and not skipped:
             self.state.red_paper = {"h_sft": stats["red_paper/h_sft"], "h_rl": stats["red_paper/h_rl"]}
         if sft is not None and "actor/sft_entropy" in stats and not skipped:
@@ -160,14 +201,15 @@ class GrpoTrainer:
         if not rl.enabled:
             return self.sft_only_step()
         t0 = time.time()
-        rows = take(self.rows, rl.questions_per_step, f"{seed}/q", self.state.questions)
-        episodes = self.rollout.run(rows, n=rl.n_samples, seed=seed, step=self.state.step)
+        first, rows = self.world.block(take(self.rows, rl.questions_per_step, f"{seed}/q", self.state.questions))
+        episodes = self.rollout.run(rows, n=rl.n_samples, seed=seed, step=self.state.step, first=first * rl.n_samples)
         self.last_rollout = (rows, episodes)  # what benchmarks/step_profile.py replays
         timings["time/rollout"] = time.time() - t0
         t0 = time.time()
         scored = score_episodes(episodes, self.spec)
         rewards = [s["reward"] for s in scored]
-        accuracy = sum(s["answer"] for s in scored) / len(scored)
+        everyone = self.world.concat(scored)  # the whole step's episodes, every rank's
+        accuracy = sum(s["answer"] for s in everyone) / len(everyone)
         group_rewards, experts = self._insert_offline(rows, scored, rewards) if self.offline else (rewards, [])
         adv = group_advantages(group_rewards, rl.n_samples, rl.adv_scaling)
         if not all(math.isfinite(r) for r in group_rewards):
@@ -184,18 +226,21 @@ class GrpoTrainer:
         timings["time/logprobs"] = time.time() - t0
         t0 = time.time()
         stats, skipped = self._update(batch, old_lp, accuracy, ref_lp)
-        stats.update(process_stats)
-        if experts:
-            stats.update({"red_paper/offline_groups": len(experts),
-                          "red_paper/group_accuracy": sum(a for _, _, a in experts) / len(experts)})
+        stats.update(self.world.mean(process_stats))
+        expert_accuracy = self.world.concat([a for _, _, a in experts]) if self.offline else []
+        if expert_accuracy:
+            stats.update({"red_paper/offline_groups": len(expert_accuracy),
+                          "red_paper/group_accuracy": sum(expert_accuracy) / len(expert_accuracy)})
         mismatch = stats.pop("rollout/logprob_mismatch", 0.0)
         timings["time/update"] = time.time() - t0
         self.state.step += 1
         timings["time/weight_sync"] = self.sync_policy()
         if rl.dump_freq and self.state.step % rl.dump_freq == 0:
-            dump_episodes(episodes, self.out / "episodes" / f"step_{self.state.step}.jsonl")
-        return _step_metrics(self.state.step, scored, rewards, accuracy, rl.n_samples, skipped, float(mismatch),
-                             {**stats, **timings})
+            dumped = self.world.concat(episodes)
+            if self.world.main:
+                dump_episodes(dumped, self.out / "episodes" / f"step_{self.state.step}.jsonl")
+        return _step_metrics(self.state.step, everyone, [s["reward"] for s in everyone], accuracy, rl.n_samples,
+                             skipped, float(mismatch), {**stats, **timings})
 
     def _insert_offline(self, rows: list[dict], scored: list[dict], rewards: list[float]) -> tuple[list, list]:
         """red_paper: each question with an expert trace has it in place of its group's last rollout,
@@ -245,7 +290,7 @@ class GrpoTrainer:
         streak = SkipStreak(self.alg.rl.max_skips_in_a_row, "optimizer steps", "reward, loss or gradient",
                             "algorithm.rl.max_skips_in_a_row")
         if self.state.step == 0:
-            torch.manual_seed(self.cfg.seed)
+            torch.manual_seed(self.cfg.seed + self.world.rank)  # dropout masks differ between ranks
         self.sync_policy()
         while self.state.step < self.alg.rl.steps:
             self.model.train()

@@ -5,16 +5,23 @@ from __future__ import annotations
 import torch
 
 from utils.core.stages import StageError
+from utils.train.world import World
+
+SOLO = World()
 
 
-def guarded_step(opt, model, loss: torch.Tensor, max_grad_norm: float) -> tuple[int, float]:
+def guarded_step(opt, model, loss: torch.Tensor, max_grad_norm: float, world: World = SOLO) -> tuple[int, float]:
     """Backward, clip and step: (0, grad norm). A non-finite loss or gradient leaves the weights and
-    the optimizer untouched: (1, nan) or (1, the non-finite norm)."""
+    the optimizer untouched: (1, nan) or (1, the non-finite norm). With several ranks, `loss` is
+    this rank's part of the global loss: the finiteness check sees the sum over ranks (so every rank
+    skips together) and the gradients are summed over ranks before clipping."""
     opt.zero_grad(set_to_none=True)
-    if not torch.isfinite(loss):
+    if not torch.isfinite(world.sum(loss.detach().clone())):
         return 1, float("nan")
     loss.backward()
-    grad = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], max_grad_norm)
+    params = [p for p in model.parameters() if p.requires_grad]
+    world.sum_grads(params)
+    grad = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     if not torch.isfinite(grad):
         opt.zero_grad(set_to_none=True)
         return 1, float(grad)

@@ -3,7 +3,10 @@
 Which method runs is the `--algorithm` config (utils/core/methods.py); 05 defaults to red and 06
 to grpo. Outputs go to outputs/<run_id>/<stage>/<method>/: metrics.jsonl (and wandb files,
 offline unless WANDB_API_KEY is set), episodes/step_N.jsonl, ckpt/step_N (resumable),
-final_adapter/ and the manifest. An interrupted run resumes from its newest checkpoint.
+final_adapter/ and the manifest. An interrupted run resumes from its newest checkpoint. Under
+`accelerate launch --multi_gpu --num_processes N` each rank rolls out its share of every step's
+questions on its own engine (utils/train/grpo_trainer.py); rank 0 alone writes, and the manifest
+records world_size.
 """
 from __future__ import annotations
 
@@ -19,9 +22,11 @@ from utils.core.io import read_jsonl
 from utils.core.manifest import StageRun
 from utils.core.models import load_tokenizer
 from utils.core.stages import StageError, model_dir, output_path, parent, stage_config, stage_dir
-from utils.core.tracking import MetricsLogger
+from utils.core.tracking import MetricsLogger, NullLogger
 from utils.reward.spec import read_spec
+from utils.train.guard import SOLO
 from utils.train.policy import add_reference, load_policy
+from utils.train.world import World, join_world
 
 WANDB_PROJECT = "red-coda"
 
@@ -69,7 +74,7 @@ def _match_red(run: StageRun, cfg) -> float:
 
 
 def build_trainer(cfg, adapter: Path, traces: Path, train_path: Path, spec_path: Path, out: Path, logger,
-                  config_sha: str):
+                  config_sha: str, world: World = SOLO):
     """The RL trainer of `cfg`'s method, starting from the SFT `adapter`, with its sampling engine
     (`trainer.engine`); also what benchmarks/step_profile.py times."""
     import torch
@@ -91,7 +96,7 @@ def build_trainer(cfg, adapter: Path, traces: Path, train_path: Path, spec_path:
     offline = read_offline_samples(traces) if cfg.algorithm.red_paper.offline else {}
     spec = read_spec(spec_path)
     trainer = GrpoTrainer(cfg, model, engine, rollout, spec, questions, read_trace_examples(traces),
-                          tok.pad_token_id, out, logger, config_sha, offline)
+                          tok.pad_token_id, out, logger, config_sha, offline, world)
     if spec.process.source == "judge" and cfg.algorithm.rl.enabled:
         from utils.reward.process import JudgePRM
 
@@ -125,25 +130,34 @@ def run_rl_stage(stage: str, description: str, argv: list[str], default_algorith
     out = stage_dir(cfg, f"{stage}/{method}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    with StageRun(f"{stage}/{method}", out, stage_config(cfg, stage), cfg.seed) as run:
+    world = join_world()
+    if world.size > cfg.algorithm.rl.questions_per_step and cfg.algorithm.rl.enabled:
+        raise StageError(f"algorithm.rl.questions_per_step={cfg.algorithm.rl.questions_per_step} is fewer than the "
+                         f"{world.size} processes: each rank rolls out whole questions")
+    with StageRun(f"{stage}/{method}", out, stage_config(cfg, stage), cfg.seed, writer=world.main) as run:
+        run.data["world_size"] = world.size
         adapter, traces, train_path, spec_path = _inputs(run, cfg)
         if cfg.algorithm.sft.match_red:
             run.metrics["red_mean_final_weight"] = round(_match_red(run, cfg), 6)
             run.metrics["sft_loss_coef"] = round(cfg.algorithm.sft.loss_coef, 6)
-            print(f"{stage}: {method} uses red's mean SFT weight {run.metrics['red_mean_final_weight']}: "
-                  f"loss_coef {run.metrics['sft_loss_coef']}")
+            if world.main:
+                print(f"{stage}: {method} uses red's mean SFT weight {run.metrics['red_mean_final_weight']}: "
+                      f"loss_coef {run.metrics['sft_loss_coef']}")
         logger = MetricsLogger.create(out / "metrics.jsonl", cfg.wandb_mode, WANDB_PROJECT, f"{cfg.run_id}-{method}",
-                                      to_dict(cfg))
-        trainer = build_trainer(cfg, adapter, traces, train_path, spec_path, out, logger, run.data["config_sha256"])
-        model = trainer.model
+                                      to_dict(cfg)) if world.main else NullLogger()
+        trainer = build_trainer(cfg, adapter, traces, train_path, spec_path, out, logger, run.data["config_sha256"],
+                                world)
         resumed = trainer.try_resume()
-        if resumed:
+        if resumed and world.main:
             print(f"{stage}: resuming {method} from step {trainer.state.step}")
-        with tqdm(total=cfg.algorithm.rl.steps, initial=trainer.state.step, desc=method, unit="step") as bar:
+        with tqdm(total=cfg.algorithm.rl.steps, initial=trainer.state.step, desc=method, unit="step",
+                  disable=not world.main) as bar:
             trainer.train(bar)
         logger.finish()
-        save_weights(model, out / "final_adapter")
         trainer.close()
+        if not world.main:
+            return 0
+        save_weights(trainer.model, out / "final_adapter")
         run.add_output(out / "final_adapter")
         run.add_output(out / "metrics.jsonl")
         run.metrics.update(_summary(method, trainer.state.step, resumed, read_jsonl(out / "metrics.jsonl")))

@@ -5,6 +5,10 @@ adapter (or full weights), the optimizer, the LR scheduler, python/torch RNG sta
 the data cursor (utils/core/stream.py). The batches of an epoch derive from (seed, epoch), so a
 resumed run sees exactly the batches an uninterrupted one would: no step is lost or repeated,
 and on CPU its losses match. `logs/train.jsonl` is rewritten up to the resumed step first.
+Under data parallelism (utils/train/world.py) every rank takes the same global batch and trains on
+its shard; the loss is the shard's summed NLL over the global batch's target-token count, so the
+summed gradients are the global batch's token mean. Rank 0 alone logs, validates and saves; the
+checkpoint holds every rank's RNG state, and every rank resumes from it.
 A non-finite loss or gradient skips the optimizer update (the step and the schedule still advance,
 `skipped_nonfinite` is logged); `max_skips_in_a_row` skips in a row stop the run, naming the steps.
 """
@@ -19,10 +23,11 @@ from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint,
 from utils.core.faults import fault_point
 from utils.core.schema import WarmupConfig
 from utils.core.stream import Cursor, take
-from utils.core.tracking import MetricsLogger
-from utils.train.guard import SkipStreak, guarded_step
-from utils.train.policy import sft_loss
+from utils.core.tracking import MetricsLogger, NullLogger
+from utils.train.guard import SOLO, SkipStreak, guarded_step
+from utils.train.policy import forward_logprobs, sft_batch, sft_loss
 from utils.train.schedule import warmup_cosine
+from utils.train.world import World
 
 
 def lr_lambda(cfg: WarmupConfig) -> Callable[[int], float]:
@@ -44,27 +49,36 @@ class LoopState:
 
 class SftLoop:
     def __init__(self, model, examples: list[Example], cfg: WarmupConfig, seed: int, pad_id: int, out_dir: Path,
-                 validate: Callable[[Path, int], dict] | None, config_sha: str):
+                 validate: Callable[[Path, int], dict] | None, config_sha: str, world: World = SOLO):
         import torch
 
         self.torch, self.model, self.examples, self.cfg = torch, model, examples, cfg
         self.seed, self.pad_id, self.out, self.validate, self.config_sha = seed, pad_id, out_dir, validate, config_sha
+        self.world = world
         params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg))
         self.state = LoopState()
         self.ckpt = out_dir / "ckpt_sft"
-        self.logger = MetricsLogger(out_dir / "logs" / "train.jsonl")
+        self.logger = MetricsLogger(out_dir / "logs" / "train.jsonl") if world.main else NullLogger()
 
     # ------------------------------------------------------------ checkpoints
     def save_last(self) -> None:
-        save_checkpoint(self.ckpt / "last", self.model, self.opt, self.sched, asdict(self.state), self.config_sha)
+        rngs = self.world.gather(self.torch.get_rng_state())  # every rank takes part
+        if self.world.main:
+            save_checkpoint(self.ckpt / "last", self.model, self.opt, self.sched, asdict(self.state), self.config_sha,
+                            rngs)
 
     def try_resume(self) -> bool:
-        """Restore ckpt_sft/last if it belongs to this config; returns whether it resumed."""
+        """Restore ckpt_sft/last if it belongs to this config; returns whether it resumed. Rank 0
+        decides first (it clears what another config left); the other ranks then read what it kept."""
         last = self.ckpt / "last"
+        if not self.world.main:
+            self.world.barrier()
         state = resume_latest([last] if is_checkpoint(last) else [], self.config_sha, self.model, self.opt,
-                              self.sched, self.logger, stale=last)
+                              self.sched, self.logger, stale=last, rank=self.world.rank)
+        if self.world.main:
+            self.world.barrier()
         if state is not None:
             self.state = LoopState.from_json(state)
         return state is not None
@@ -84,17 +98,32 @@ class SftLoop:
             self.state.best_metric, self.state.best_step = metric, self.state.step
             save_weights(self.model, self.ckpt / "best")
 
+    def _loss(self, batch: list[Example]):
+        """(this rank's loss, the global batch's loss): the token-mean NLL in one process; with
+        several ranks, the shard's summed NLL over the whole batch's target tokens, and its sum."""
+        if self.world.size == 1:
+            loss = sft_loss(self.model, batch, self.pad_id)
+            return loss, loss.item()
+        tokens = sum(sum(e.mask[1:]) for e in batch)
+        shard = self.world.shard(batch, length=lambda e: len(e.ids))
+        if shard:
+            ids, attn, mask = sft_batch(shard, self.pad_id)
+            loss = (-forward_logprobs(self.model, ids, attn)[0] * mask).sum() / max(tokens, 1)
+        else:  # fewer examples than ranks: a zero loss that still reaches every trained weight
+            loss = sum(p.sum() for p in self.model.parameters() if p.requires_grad) * 0.0
+        return loss, self.world.sum(loss.detach().clone()).item()
+
     def _update(self) -> tuple[float, float, int]:
         """One optimizer step on the next batch: (loss, grad norm, 1 if skipped as non-finite)."""
-        loss = sft_loss(self.model, self._next_batch(), self.pad_id)
+        loss, total = self._loss(self._next_batch())
         fault_point("sft_step")  # the kill-anywhere test's cut (utils/core/faults.py)
-        skipped, grad = guarded_step(self.opt, self.model, loss, self.cfg.max_grad_norm)
-        return loss.item(), grad, skipped
+        skipped, grad = guarded_step(self.opt, self.model, loss, self.cfg.max_grad_norm, self.world)
+        return total, grad, skipped
 
     def run(self, progress=None) -> LoopState:
         streak = SkipStreak(self.cfg.max_skips_in_a_row, "SFT steps", "loss or gradient", "warmup.max_skips_in_a_row")
         if self.state.step == 0:
-            self.torch.manual_seed(self.seed)
+            self.torch.manual_seed(self.seed + self.world.rank)  # dropout masks differ between ranks
         self.model.train()
         while self.state.step < self.cfg.steps:
             loss, grad, skipped = self._update()
@@ -108,14 +137,15 @@ class SftLoop:
                 progress.update(1)
                 progress.set_postfix(loss=f"{loss:.4f}")
             s = self.state.step
-            if (self.cfg.eval_every and s % self.cfg.eval_every == 0) or s == self.cfg.steps:
+            if self.world.main and ((self.cfg.eval_every and s % self.cfg.eval_every == 0) or s == self.cfg.steps):
                 self.model.eval()
                 self._evaluate()
                 self.model.train()
             if s % self.cfg.save_every == 0 or s == self.cfg.steps:
                 self.save_last()
         self.model.eval()
-        save_weights(self.model, self.ckpt / "final")
-        if not (self.ckpt / "best").exists():
-            save_weights(self.model, self.ckpt / "best")
+        if self.world.main:
+            save_weights(self.model, self.ckpt / "final")
+            if not (self.ckpt / "best").exists():
+                save_weights(self.model, self.ckpt / "best")
         return self.state

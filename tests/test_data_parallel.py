@@ -1,0 +1,114 @@
+"""Data-parallel training under `accelerate launch` (utils/train/world.py): two gloo ranks on this
+CPU train on the same global batches as one process, rank 0 alone writes, and a killed two-rank
+run resumes to the numbers of an uninterrupted one."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from test_data_stages import run_stage
+from test_sft_stages import _sft_args, prepared  # noqa: F401  (a fixture)
+from utils.core.config import ROOT
+
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "configs/accelerate/local_2proc.yaml"]
+
+
+def _sft(out, args, run_id, launch=(), env=None):
+    cmd = [*launch, *([] if launch else [sys.executable]), "04_sft_warmup.py", "--set", f"outputs_dir={out}", *args,
+           *_sft_args(), "--run_id", run_id]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("REDCODA_FAULT")} | (env or {}))
+
+
+def _log(out, run_id) -> list[dict]:
+    return [json.loads(x) for x in (out / run_id / "04_sft_warmup" / "logs" / "train.jsonl").read_text().splitlines()]
+
+
+def test_two_ranks_train_as_one_process_and_resume_after_a_kill(prepared):  # noqa: F811
+    out, args = prepared
+    assert run_stage("03_generate_sft_traces", out, *args) == 0
+    for run_id in ("one", "two", "killed"):
+        shutil.copytree(out / "t", out / run_id)
+    one = _sft(out, args, "one")
+    assert one.returncode == 0, one.stderr
+    two = _sft(out, args, "two", LAUNCH)
+    assert two.returncode == 0, two.stderr[-3000:]
+
+    single, double = _log(out, "one"), _log(out, "two")
+    assert [r["step"] for r in double] == list(range(1, 13))  # rank 0 alone logs: each step once
+    for a, b in zip(single, double):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
+        assert a["lr"] == b["lr"] and a["epoch"] == b["epoch"]
+    for run_id, size in (("one", 1), ("two", 2)):
+        m = json.loads((out / run_id / "04_sft_warmup" / "manifest.json").read_text())
+        assert m["status"] == "completed" and m["world_size"] == size
+        assert m["metrics"]["steps"] == 12 and m["metrics"]["final_val_accuracy"] is not None
+    assert (out / "two" / "04_sft_warmup" / "valid_samples" / "step_12.json").is_file()
+
+    # killed at the 8th step of a rank (after the checkpoint of step 6), then the same command again
+    killed = _sft(out, args, "killed", LAUNCH, {"REDCODA_FAULT": "sft_step:8", "REDCODA_FAULT_STAGE": "04_sft_warmup"})
+    assert killed.returncode != 0 and "SIGKILL" in killed.stderr
+    state = json.loads((out / "killed" / "04_sft_warmup" / "manifest.json").read_text())["status"]
+    assert state == "running" and len(_log(out, "killed")) == 7
+    resumed = _sft(out, args, "killed", LAUNCH)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from step 6" in resumed.stdout and resumed.stdout.count("resuming") == 1
+    assert _log(out, "killed") == double  # every step once, the same numbers as the uninterrupted run
+
+
+RL = ["--set", "algorithm.rl.steps=3", "--set", "algorithm.rl.questions_per_step=4", "--set", "algorithm.rl.n_samples=2",
+      "--set", "algorithm.rl.save_freq=1", "--set", "algorithm.rl.dump_freq=1", "--set", "wandb_mode=disabled"]
+
+
+def _rl(out, args, run_id, launch=(), env=None):
+    cmd = [*launch, *([] if launch else [sys.executable]), "05_train_red_grpo.py", "--set", f"outputs_dir={out}",
+           *args, *RL, "--run_id", run_id]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("REDCODA_FAULT")} | (env or {}))
+
+
+def _rl_out(out, run_id, name):
+    return [json.loads(x) for x in (out / run_id / "05_train_red_grpo" / "red" / name).read_text().splitlines()]
+
+
+def _numbers(out, run_id) -> list[dict]:
+    return [{k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))}
+            for m in _rl_out(out, run_id, "metrics.jsonl")]
+
+
+def test_two_rl_ranks_roll_out_on_their_own_engines_and_resume_after_a_kill(prepared):  # noqa: F811
+    """Each rank samples its block of the step's questions on its own vLLM engine with the seeds one
+    process would use, so the first step's episodes are one process's; rank 0 writes one set of
+    outputs; a kill mid-checkpoint resumes to the uninterrupted run's numbers."""
+    out, args = prepared
+    assert run_stage("03_generate_sft_traces", out, *args) == 0
+    warmup = _sft(out, args, "t")
+    assert warmup.returncode == 0, warmup.stderr
+    for run_id in ("one", "two", "killed"):
+        shutil.copytree(out / "t", out / run_id)
+    one, two = _rl(out, args, "one"), _rl(out, args, "two", LAUNCH)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert two.returncode == 0, two.stderr[-3000:]
+
+    m = json.loads((out / "two" / "05_train_red_grpo" / "red" / "manifest.json").read_text())
+    assert m["status"] == "completed" and m["world_size"] == 2 and m["metrics"]["steps"] == 3
+    assert [r["step"] for r in _rl_out(out, "two", "metrics.jsonl")] == [1, 2, 3]
+    single, double = _rl_out(out, "one", "episodes/step_1.jsonl"), _rl_out(out, "two", "episodes/step_1.jsonl")
+    assert len(double) == 8 and [e["qid"] for e in double] == [e["qid"] for e in single]
+    for a, b in zip(single, double):  # the same tokens; log-probs up to the engine's batch composition
+        assert [(s["gen_ids"], s["text"]) for s in a["segments"]] == [(s["gen_ids"], s["text"]) for s in b["segments"]]
+        for sa, sb in zip(a["segments"], b["segments"]):
+            assert max(abs(x - y) for x, y in zip(sa["logprobs"], sb["logprobs"])) < 1e-5
+    first = [_rl_out(out, r, "metrics.jsonl")[0] for r in ("one", "two")]
+    for key in ("critic/rewards/mean", "answer_f1/mean", "rollout/turns_per_episode", "rollout/tokens_planner"):
+        assert first[0][key] == first[1][key], key
+
+    killed = _rl(out, args, "killed", LAUNCH, {"REDCODA_FAULT": "checkpoint:2",
+                                               "REDCODA_FAULT_STAGE": "05_train_red_grpo"})
+    assert killed.returncode != 0 and "SIGKILL" in killed.stderr
+    assert len(_rl_out(out, "killed", "metrics.jsonl")) == 2  # step 2 logged, its checkpoint cut short
+    resumed = _rl(out, args, "killed", LAUNCH)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming red from step 1" in resumed.stdout
+    assert _numbers(out, "killed") == _numbers(out, "two")
