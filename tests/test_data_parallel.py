@@ -14,15 +14,18 @@ from utils.core.config import ROOT
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "configs/accelerate/local_2proc.yaml"]
 
 
-def _sft(out, args, run_id, launch=(), env=None):
+def _sft(out, args, run_id, launch=(), env=None, extra=()):
     cmd = [*launch, *([] if launch else [sys.executable]), "04_sft_warmup.py", "--set", f"outputs_dir={out}", *args,
-           *_sft_args(), "--run_id", run_id]
+           *_sft_args(extra), "--run_id", run_id]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={k: v for k, v in os.environ.items() if not k.startswith("REDCODA_FAULT")} | (env or {}))
 
 
 def _log(out, run_id) -> list[dict]:
     return [json.loads(x) for x in (out / run_id / "04_sft_warmup" / "logs" / "train.jsonl").read_text().splitlines()]
+
+
+VLLM_VALIDATION = ["--set", "model.engine.name=vllm", "--set", "warmup.eval_every=6"]
 
 
 def test_two_ranks_train_as_one_process_and_resume_after_a_kill(prepared):  # noqa: F811
@@ -32,7 +35,8 @@ def test_two_ranks_train_as_one_process_and_resume_after_a_kill(prepared):  # no
         shutil.copytree(out / "t", out / run_id)
     one = _sft(out, args, "one")
     assert one.returncode == 0, one.stderr
-    two = _sft(out, args, "two", LAUNCH)
+    # validated mid-run and at the end on vLLM, in rank 0's process, while rank 1 trains on
+    two = _sft(out, args, "two", LAUNCH, extra=VLLM_VALIDATION)
     assert two.returncode == 0, two.stderr[-3000:]
 
     single, double = _log(out, "one"), _log(out, "two")
@@ -44,7 +48,8 @@ def test_two_ranks_train_as_one_process_and_resume_after_a_kill(prepared):  # no
         m = json.loads((out / run_id / "04_sft_warmup" / "manifest.json").read_text())
         assert m["status"] == "completed" and m["world_size"] == size
         assert m["metrics"]["steps"] == 12 and m["metrics"]["final_val_accuracy"] is not None
-    assert (out / "two" / "04_sft_warmup" / "valid_samples" / "step_12.json").is_file()
+    for step in (6, 12):
+        assert json.loads((out / "two" / "04_sft_warmup" / "valid_samples" / f"step_{step}.json").read_text())["samples"]
 
     # killed at the 8th step of a rank (after the checkpoint of step 6), then the same command again
     killed = _sft(out, args, "killed", LAUNCH, {"REDCODA_FAULT": "sft_step:8", "REDCODA_FAULT_STAGE": "04_sft_warmup"})

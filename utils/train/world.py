@@ -1,17 +1,19 @@
-"""Data-parallel training: the ranks a trainer runs as (README "Scale-out: data-parallel training").
+"""Data-parallel training: the ranks a trainer runs as (README "Data-parallel training").
 
-A stage started by a distributed launcher (`accelerate launch --multi_gpu --num_processes N`,
-which is torch's elastic launcher underneath; on a CPU box its processes use the gloo backend)
-finds WORLD_SIZE > 1 in its environment and joins the process group through accelerate. Every
-rank builds the same global batch from the same seeded stream, takes its own shard of it
-(`World.shard`), and the gradients are summed over ranks before clipping, so one optimizer step
-sees the gradient of the whole global batch, as a single process would. Only rank 0 (`main`)
-writes: manifest, checkpoints, metrics, validation. Without a launcher `World()` is one process
-and every method here is the identity.
+A stage started by a distributed launcher (`accelerate launch` with a multi-process config, which
+is torch's elastic launcher underneath) finds WORLD_SIZE > 1 in its environment and joins the
+launcher's rendezvous with a gloo process group of its own. That group is deliberately not torch's
+default one: an in-process vLLM engine builds its own single-rank default group, and one built on
+ours would make every rank's engine start a collective (rank 0's validation engine waited forever
+for rank 1). Every rank builds the same global batch from the same seeded stream and takes its
+own shard of it (`World.shard`); the gradients are summed over ranks before clipping. Only rank 0
+(`main`) writes: manifest, checkpoints, metrics, validation. Without a launcher `World()` is one
+process and every method here is the identity.
 """
 from __future__ import annotations
 
 import os
+import pickle
 from dataclasses import dataclass
 
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 class World:
     rank: int = 0
     size: int = 1
+    group: object = None  # the ranks' gloo ProcessGroup (None in one process)
 
     @property
     def main(self) -> bool:
@@ -62,9 +65,7 @@ class World:
     def sum(self, tensor):
         """`tensor`, summed over ranks in place (every rank gets the total)."""
         if self.size > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            self.group.allreduce([tensor]).wait()  # the default reduction is a sum
         return tensor
 
     def sum_grads(self, params: list) -> None:
@@ -84,32 +85,31 @@ class World:
 
     def barrier(self) -> None:
         if self.size > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
+            self.group.barrier().wait()
 
     def gather(self, obj) -> list | None:
-        """Every rank's `obj`, in rank order, on every rank; None in a single process."""
+        """Every rank's `obj` (picklable), in rank order, on every rank; None in a single process."""
         if self.size == 1:
             return None
-        import torch.distributed as dist
+        import torch
 
-        out = [None] * self.size
-        dist.all_gather_object(out, obj)
-        return out
+        blob = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        sizes = [torch.zeros(1, dtype=torch.long) for _ in range(self.size)]
+        self.group.allgather([sizes], [torch.tensor([blob.numel()])]).wait()
+        width = int(max(sizes).item())
+        parts = [torch.zeros(width, dtype=torch.uint8) for _ in range(self.size)]
+        padded = torch.cat([blob, torch.zeros(width - blob.numel(), dtype=torch.uint8)])
+        self.group.allgather([parts], [padded]).wait()
+        return [pickle.loads(p[:int(n.item())].numpy().tobytes()) for p, n in zip(parts, sizes)]
 
 
 def join_world() -> World:
-    """The world this process was launched into: one process, or its rank among WORLD_SIZE ones.
-    The trainers keep their tensors on the CPU, so accelerate initialises the process group with
-    gloo (cpu=True) even on a box with GPUs."""
+    """The world this process was launched into: one process, or its rank among WORLD_SIZE ones,
+    joined through the launcher's rendezvous (env://: MASTER_ADDR, MASTER_PORT, RANK). The
+    trainers keep their tensors on the CPU, so the group is gloo on a box with or without GPUs."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return World()
-    import atexit
-
     import torch.distributed as dist
-    from accelerate import PartialState
 
-    state = PartialState(cpu=True)
-    atexit.register(dist.destroy_process_group)  # a gloo group left open aborted 1 exit in 4 here
-    return World(state.process_index, state.num_processes)
+    store, rank, size = next(dist.rendezvous("env://"))
+    return World(rank, size, dist.ProcessGroupGloo(store, rank, size))
