@@ -30,7 +30,7 @@ from utils.agent.rollout import Rollout
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
 from utils.core.stream import Cursor, take
 from utils.reward.spec import score_answer, score_episodes
-from utils.train.guard import SOLO, SkipStreak, guarded_step
+from utils.train.guard import SOLO, SkipStreak, guarded_step, zero_loss
 from utils.train.grpo import build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
 from utils.reward.process import verifier_rewards
 from utils.train.losses import RedState, process_advantages, red_update
@@ -120,16 +120,12 @@ class GrpoTrainer:
             loss = loss / self.world.size
         return guarded_step(self.opt, self.model, loss, self.alg.rl.max_grad_norm, self.world)
 
-    def _zero_loss(self) -> torch.Tensor:
-        """A rank with nothing to train on this step still joins the gradient sum, with zeros."""
-        return sum(p.sum() for p in self.model.parameters() if p.requires_grad) * 0.0
-
     def sft_only_step(self) -> dict:
         """Method `sft`: the same optimizer on α·L_SFT alone, no rollouts (the no-RL ablation)."""
         t0 = time.time()
         shard = self._sft_examples()
         if not shard:  # fewer examples than ranks
-            skipped, _ = self._optimize(self._zero_loss())
+            skipped, _ = self._optimize(zero_loss(self.model))
             stats = {}
         else:
             l_sft, h_sft = sft_terms(self.model, sft_batch(shard, self.pad_id), with_entropy=True)
@@ -178,7 +174,7 @@ class GrpoTrainer:
             if not anyone:
                 break
             if batch is None:  # another rank has sequences to train on: join its step with zeros
-                skipped, grad = self._optimize(self._zero_loss())
+                skipped, grad = self._optimize(zero_loss(self.model))
             else:
                 terms = red_grpo_loss(self.model, batch, old_lp, sft, self.alg, red, accuracy, ref_lp,
                                       self.state.red_paper)

@@ -29,6 +29,12 @@ def guarded_step(opt, model, loss: torch.Tensor, max_grad_norm: float, world: Wo
     return 0, float(grad)
 
 
+def zero_loss(model) -> torch.Tensor:
+    """0, as a loss that reaches every trained weight: a data-parallel rank with nothing to train on
+    this step still takes part in the gradient sum."""
+    return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+
+
 class SkipStreak:
     """Counts skipped steps in a row; `limit` of them (0 = never) stop the run naming the steps,
     e.g. "steps 2-4: 3 optimizer steps in a row skipped for a non-finite reward, loss or gradient"."""

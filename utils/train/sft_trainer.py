@@ -24,7 +24,7 @@ from utils.core.faults import fault_point
 from utils.core.schema import WarmupConfig
 from utils.core.stream import Cursor, take
 from utils.core.tracking import MetricsLogger, NullLogger
-from utils.train.guard import SOLO, SkipStreak, guarded_step
+from utils.train.guard import SOLO, SkipStreak, guarded_step, zero_loss
 from utils.train.policy import forward_logprobs, sft_batch, sft_loss
 from utils.train.schedule import warmup_cosine
 from utils.train.world import World
@@ -109,8 +109,8 @@ class SftLoop:
         if shard:
             ids, attn, mask = sft_batch(shard, self.pad_id)
             loss = (-forward_logprobs(self.model, ids, attn)[0] * mask).sum() / max(tokens, 1)
-        else:  # fewer examples than ranks: a zero loss that still reaches every trained weight
-            loss = sum(p.sum() for p in self.model.parameters() if p.requires_grad) * 0.0
+        else:  # fewer examples than ranks
+            loss = zero_loss(self.model)
         return loss, self.world.sum(loss.detach().clone()).item()
 
     def _update(self) -> tuple[float, float, int]:

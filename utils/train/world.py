@@ -15,6 +15,11 @@ from __future__ import annotations
 import os
 import pickle
 from dataclasses import dataclass
+from datetime import timedelta
+
+# how long a collective waits for the other ranks: they wait at the next step while rank 0
+# validates, which on a real model and val split can take far longer than gloo's 30-minute default
+TIMEOUT = timedelta(hours=6)
 
 
 @dataclass(frozen=True)
@@ -112,4 +117,4 @@ def join_world() -> World:
     import torch.distributed as dist
 
     store, rank, size = next(dist.rendezvous("env://"))
-    return World(rank, size, dist.ProcessGroupGloo(store, rank, size))
+    return World(rank, size, dist.ProcessGroupGloo(store, rank, size, TIMEOUT))
