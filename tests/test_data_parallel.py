@@ -117,3 +117,14 @@ def test_two_rl_ranks_roll_out_on_their_own_engines_and_resume_after_a_kill(prep
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming red from step 1" in resumed.stdout
     assert _numbers(out, "killed") == _numbers(out, "two")
+
+
+def test_shards_and_blocks_split_a_batch_between_ranks():
+    from utils.train.world import World
+
+    items = ["a" * n for n in (5, 1, 9, 3, 7)]
+    shards = [World(r, 2).shard(items) for r in range(2)]
+    assert shards == [["a" * 5, "a" * 1, "a" * 9], ["a" * 3, "a" * 7]]  # dealt 9,7,5,3,1; batch order kept
+    assert World().shard(items) is items
+    assert [World(r, 3).block(list(range(7))) for r in range(3)] == [(0, [0, 1, 2]), (3, [3, 4]), (5, [5, 6])]
+    assert World().block(items) == (0, items)
