@@ -30,12 +30,12 @@ from utils.agent.rollout import Rollout
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
 from utils.core.stream import Cursor, take
 from utils.reward.spec import score_answer, score_episodes
-from utils.train.guard import SOLO, SkipStreak, guarded_step, zero_loss
+from utils.train.guard import SkipStreak, guarded_step, zero_loss
 from utils.train.grpo import build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
 from utils.reward.process import verifier_rewards
 from utils.train.losses import RedState, process_advantages, red_update
 from utils.train.policy import forward_logprobs, reference_logprobs, sft_batch, sft_terms
-from utils.train.world import World
+from utils.train.world import SOLO, World
 
 
 @dataclass

@@ -5,9 +5,7 @@ from __future__ import annotations
 import torch
 
 from utils.core.stages import StageError
-from utils.train.world import World
-
-SOLO = World()
+from utils.train.world import SOLO, World
 
 
 def guarded_step(opt, model, loss: torch.Tensor, max_grad_norm: float, world: World = SOLO) -> tuple[int, float]:

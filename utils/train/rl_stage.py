@@ -24,9 +24,8 @@ from utils.core.models import load_tokenizer
 from utils.core.stages import StageError, model_dir, output_path, parent, stage_config, stage_dir
 from utils.core.tracking import MetricsLogger, NullLogger
 from utils.reward.spec import read_spec
-from utils.train.guard import SOLO
 from utils.train.policy import add_reference, load_policy
-from utils.train.world import World, join_world
+from utils.train.world import SOLO, World, join_world
 
 WANDB_PROJECT = "red-coda"
 

@@ -24,10 +24,10 @@ from utils.core.faults import fault_point
 from utils.core.schema import WarmupConfig
 from utils.core.stream import Cursor, take
 from utils.core.tracking import MetricsLogger, NullLogger
-from utils.train.guard import SOLO, SkipStreak, guarded_step, zero_loss
+from utils.train.guard import SkipStreak, guarded_step, zero_loss
 from utils.train.policy import forward_logprobs, sft_batch, sft_loss
 from utils.train.schedule import warmup_cosine
-from utils.train.world import World
+from utils.train.world import SOLO, World
 
 
 def lr_lambda(cfg: WarmupConfig) -> Callable[[int], float]:

@@ -108,6 +108,9 @@ class World:
         return [pickle.loads(p[:int(n.item())].numpy().tobytes()) for p, n in zip(parts, sizes)]
 
 
+SOLO = World()  # one process: the default of every trainer
+
+
 def join_world() -> World:
     """The world this process was launched into: one process, or its rank among WORLD_SIZE ones,
     joined through the launcher's rendezvous (env://: MASTER_ADDR, MASTER_PORT, RANK). The
