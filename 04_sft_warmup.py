@@ -37,7 +37,7 @@ def main(argv=None) -> int:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    world = join_world()
+    world = join_world(cfg.model.device)
     with StageRun(STAGE, out, stage_config(cfg, STAGE), cfg.seed, writer=world.main) as run:
         run.data["world_size"] = world.size
         traces_dir, _ = parent(run, cfg, "03_generate_sft_traces")
@@ -56,7 +56,8 @@ def main(argv=None) -> int:
         validator = Validator(cfg, base, rows, read_spec(rewards_dir / "reward_spec.yaml"),
                               Codec(tok, cfg.model.templates), out, run_retriever(cfg, run)) if world.main else None
         torch.manual_seed(cfg.seed)  # LoRA init draws from torch's RNG
-        model = load_policy(base, cfg.model.lora, cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+        model = load_policy(base, cfg.model.lora, cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code,
+                            device=cfg.model.device)
         loop = SftLoop(model, examples, cfg.warmup, cfg.seed, tok.pad_token_id, out,
                        validator and (lambda d, s: validator(model, d, s)), run.data["config_sha256"], world)
         resumed = loop.try_resume()

@@ -22,7 +22,7 @@ once per step, before the update.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -49,6 +49,11 @@ class RlBatch:
     offline: torch.Tensor | None = None  # [S] bool
     accuracy: torch.Tensor | None = None  # [S]
     token_adv: torch.Tensor | None = None  # [S, T-1]: with process rewards, per-token advantages
+
+    def to(self, device) -> "RlBatch":
+        """The batch with every tensor on `device` (the policy's)."""
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
 
 
 def _token_advantages(ep: Episode, ex, adv: float, bonus: list[float]) -> list[float]:

@@ -34,7 +34,7 @@ from utils.train.guard import SkipStreak, guarded_step, zero_loss
 from utils.train.grpo import build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
 from utils.reward.process import verifier_rewards
 from utils.train.losses import RedState, process_advantages, red_update
-from utils.train.policy import forward_logprobs, reference_logprobs, sft_batch, sft_terms
+from utils.train.policy import forward_logprobs, policy_device, reference_logprobs, sft_batch, sft_terms
 from utils.train.world import SOLO, World
 
 
@@ -60,6 +60,7 @@ class GrpoTrainer:
         self.offline = offline or {}  # red_paper: question id -> OfflineSample (utils/agent/traces.py)
         self.prm = None  # reward.process.source judge: a JudgePRM (utils/reward/process.py), set by build_trainer
         self.out, self.logger, self.config_sha, self.world = out_dir, logger, config_sha, world
+        self.device = policy_device(model)
         params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=self.alg.rl.lr, weight_decay=self.alg.rl.weight_decay)
         self.state = TrainState()
@@ -128,7 +129,7 @@ class GrpoTrainer:
             skipped, _ = self._optimize(zero_loss(self.model))
             stats = {}
         else:
-            l_sft, h_sft = sft_terms(self.model, sft_batch(shard, self.pad_id), with_entropy=True)
+            l_sft, h_sft = sft_terms(self.model, sft_batch(shard, self.pad_id, self.device), with_entropy=True)
             loss = self.alg.sft.loss_coef * l_sft
             skipped, _ = self._optimize(loss)
             stats = {"actor/sft_loss": round(loss.item() / max(self.alg.sft.loss_coef, 1e-12), 6),
@@ -164,7 +165,7 @@ class GrpoTrainer:
         sft = None
         if self.alg.sft.enabled and self.sft_examples:
             shard = self._sft_examples()
-            sft = sft_batch(shard, self.pad_id) if shard else None
+            sft = sft_batch(shard, self.pad_id, self.device) if shard else None
         stats, skipped = {}, 0
         red = RedState(**self.state.red)
         anyone = batch is not None
@@ -218,6 +219,7 @@ class GrpoTrainer:
         bonus, process_stats = self._process_bonus(rows, episodes) if self.spec.process.source != "none" else (None, {})
         batch = build_rl_batch([episodes[i] for i in kept], adv[kept], self.pad_id, rl.train_roles, offline,
                                [bonus[i] for i in kept] if bonus is not None else None)
+        batch = batch.to(self.device) if batch is not None else None
         old_lp, ref_lp = self._fixed_logprobs(batch)
         timings["time/logprobs"] = time.time() - t0
         t0 = time.time()

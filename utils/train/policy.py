@@ -20,19 +20,25 @@ from utils.train.losses import aggregate, gather_logprobs, sft_cross_entropy, to
 
 
 def load_policy(base_path: Path, lora: LoraConfig, dtype: str = "float32", adapter: Path | None = None,
-                trainable: bool = True, trust_remote_code: bool = False):
-    """The base model wrapped with a (new or loaded) LoRA adapter, or the bare model for full FT."""
+                trainable: bool = True, trust_remote_code: bool = False, device: str = "cpu"):
+    """The base model wrapped with a (new or loaded) LoRA adapter, or the bare model for full FT,
+    on `device` (model.device; the trainers put their batches where its parameters are)."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import PeftModel, get_peft_model
 
     model = load_causal_lm(base_path, dtype, trust_remote_code)
     if lora.full_finetune:
-        return model
+        return model.to(device)
     if adapter is not None:
-        return PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
+        return PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable).to(device)
     cfg = PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                          target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
-    return get_peft_model(model, cfg)
+    return get_peft_model(model, cfg).to(device)
+
+
+def policy_device(model):
+    """The device the policy's parameters live on: where its training batches must go."""
+    return next(model.parameters()).device
 
 
 REFERENCE = "reference"  # the peft adapter name of the frozen KL reference
@@ -135,13 +141,13 @@ def forward_logprobs(model, ids, attn, with_entropy: bool = False, temperature: 
     return torch.cat(logps)[inverse], (torch.cat(ents)[inverse] if with_entropy else None)
 
 
-def sft_batch(examples: list[Example], pad_id: int):
-    """(ids [S, T], attention mask [S, T], next-token loss mask [S, T-1]) of right-padded examples."""
+def sft_batch(examples: list[Example], pad_id: int, device="cpu"):
+    """(ids [S, T], attention mask [S, T], next-token loss mask [S, T-1]) of right-padded examples, on `device`."""
     import torch
 
     ids, attn = pad([e.ids for e in examples], pad_id, torch.long)
     mask, _ = pad([e.mask for e in examples], 0, torch.float)
-    return ids, attn, mask[:, 1:]
+    return ids.to(device), attn.to(device), mask[:, 1:].to(device)
 
 
 def sft_terms(model, batch, with_entropy: bool = False):
@@ -154,4 +160,4 @@ def sft_terms(model, batch, with_entropy: bool = False):
 
 def sft_loss(model, examples: list[Example], pad_id: int):
     """Token-mean cross-entropy of the examples' masked tokens under `model` (scalar)."""
-    return sft_terms(model, sft_batch(examples, pad_id))[0]
+    return sft_terms(model, sft_batch(examples, pad_id, policy_device(model)))[0]

@@ -86,7 +86,8 @@ def build_trainer(cfg, adapter: Path, traces: Path, train_path: Path, spec_path:
     remote = cfg.model.trust_remote_code
     tok = load_tokenizer(base, remote)
     torch.manual_seed(cfg.seed)  # LoRA init draws from torch's RNG
-    model = load_policy(base, cfg.model.lora, cfg.model.dtype, adapter=adapter, trust_remote_code=remote)
+    model = load_policy(base, cfg.model.lora, cfg.model.dtype, adapter=adapter, trust_remote_code=remote,
+                        device=cfg.model.device)
     if cfg.algorithm.rl.kl_coef > 0:
         add_reference(model, adapter)  # the KL reference is where RL starts: the SFT warmup adapter
     engine = make_engine(cfg.model.engine.name, base, cfg.model.engine, cfg.seed, remote)
@@ -129,7 +130,7 @@ def run_rl_stage(stage: str, description: str, argv: list[str], default_algorith
     out = stage_dir(cfg, f"{stage}/{method}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    world = join_world()
+    world = join_world(cfg.model.device)
     if world.size > cfg.algorithm.rl.questions_per_step and cfg.algorithm.rl.enabled:
         raise StageError(f"algorithm.rl.questions_per_step={cfg.algorithm.rl.questions_per_step} is fewer than the "
                          f"{world.size} processes: each rank rolls out whole questions")

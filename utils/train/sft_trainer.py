@@ -25,7 +25,7 @@ from utils.core.schema import WarmupConfig
 from utils.core.stream import Cursor, take
 from utils.core.tracking import MetricsLogger, NullLogger
 from utils.train.guard import SkipStreak, guarded_step, zero_loss
-from utils.train.policy import forward_logprobs, sft_batch, sft_loss
+from utils.train.policy import forward_logprobs, policy_device, sft_batch, sft_loss
 from utils.train.schedule import warmup_cosine
 from utils.train.world import SOLO, World
 
@@ -107,7 +107,7 @@ class SftLoop:
         tokens = sum(sum(e.mask[1:]) for e in batch)
         shard = self.world.shard(batch, length=lambda e: len(e.ids))
         if shard:
-            ids, attn, mask = sft_batch(shard, self.pad_id)
+            ids, attn, mask = sft_batch(shard, self.pad_id, policy_device(self.model))
             loss = (-forward_logprobs(self.model, ids, attn)[0] * mask).sum() / max(tokens, 1)
         else:  # fewer examples than ranks
             loss = zero_loss(self.model)

@@ -8,7 +8,8 @@ ours would make every rank's engine start a collective (rank 0's validation engi
 for rank 1). Every rank builds the same global batch from the same seeded stream and takes its
 own shard of it (`World.shard`); the gradients are summed over ranks before clipping. Only rank 0
 (`main`) writes: manifest, checkpoints, metrics, validation. Without a launcher `World()` is one
-process and every method here is the identity.
+process and every method here is the identity. With model.device=cuda each local rank is given
+its own GPU before CUDA starts (`pin_gpu`); that path is untested here (no GPU).
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import os
 import pickle
 from dataclasses import dataclass
 from datetime import timedelta
+
+from utils.core.config import ConfigError
 
 # how long a collective waits for the other ranks: they wait at the next step while rank 0
 # validates, which on a real model and val split can take far longer than gloo's 30-minute default
@@ -68,9 +71,13 @@ class World:
         return out
 
     def sum(self, tensor):
-        """`tensor`, summed over ranks in place (every rank gets the total)."""
+        """`tensor`, summed over ranks in place (every rank gets the total). A GPU tensor is summed
+        through a host copy: gloo works on CPU tensors, and LoRA gradients are small."""
         if self.size > 1:
-            self.group.allreduce([tensor]).wait()  # the default reduction is a sum
+            host = tensor.cpu() if tensor.device.type != "cpu" else tensor
+            self.group.allreduce([host]).wait()  # the default reduction is a sum
+            if host is not tensor:
+                tensor.copy_(host)
         return tensor
 
     def sum_grads(self, params: list) -> None:
@@ -111,10 +118,45 @@ class World:
 SOLO = World()  # one process: the default of every trainer
 
 
-def join_world() -> World:
+def pin_gpu(env: dict) -> str | None:
+    """Give this local rank its own GPU: the LOCAL_RANK-th of CUDA_VISIBLE_DEVICES (or GPU LOCAL_RANK
+    when unset) becomes the only one it sees, so the trainer's `cuda` and an in-process vLLM engine
+    both land on it. Returns the new CUDA_VISIBLE_DEVICES, or None in a single local process. Only
+    effective before CUDA starts in this process."""
+    size = int(env.get("LOCAL_WORLD_SIZE", "1"))
+    if size <= 1 or "LOCAL_RANK" not in env:
+        return None
+    rank = int(env["LOCAL_RANK"])
+    visible = [d.strip() for d in env["CUDA_VISIBLE_DEVICES"].split(",")] if env.get("CUDA_VISIBLE_DEVICES") \
+        else [str(i) for i in range(size)]
+    if len(visible) < size:
+        raise ConfigError(f"model.device=cuda with {size} ranks on this machine needs a GPU per rank; "
+                          f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} names {len(visible)}")
+    env["CUDA_VISIBLE_DEVICES"] = visible[rank]
+    return visible[rank]
+
+
+def _check_cuda(env: dict) -> None:
+    """Pin this rank's GPU, then fail clearly if torch cannot use one (before any work is done)."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        raise ConfigError("model.device=cuda: CUDA started before the ranks were given their GPUs; "
+                          "join_world must run before anything touches CUDA")
+    pin_gpu(env)
+    if not torch.cuda.is_available():
+        raise ConfigError(f"model.device=cuda but torch {torch.__version__} sees no GPU "
+                          f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
+                          "use model.device=cpu or a CUDA build of torch (requirements-cuda.txt)")
+
+
+def join_world(device: str = "cpu") -> World:
     """The world this process was launched into: one process, or its rank among WORLD_SIZE ones,
-    joined through the launcher's rendezvous (env://: MASTER_ADDR, MASTER_PORT, RANK). The
-    trainers keep their tensors on the CPU, so the group is gloo on a box with or without GPUs."""
+    joined through the launcher's rendezvous (env://: MASTER_ADDR, MASTER_PORT, RANK). With
+    `device` "cuda" each local rank is first given its own GPU (`pin_gpu`). The group is gloo
+    either way: collectives on GPU tensors go through host copies (`World.sum`)."""
+    if device == "cuda":
+        _check_cuda(os.environ)
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return World()
     import torch.distributed as dist
