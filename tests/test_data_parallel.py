@@ -1,11 +1,12 @@
 """Data-parallel training under `accelerate launch` (utils/train/world.py): two gloo ranks on this
 CPU train on the same global batches as one process, rank 0 alone writes, and a killed two-rank
-run resumes to the numbers of an uninterrupted one."""
+run resumes to the numbers of an uninterrupted one; ranks whose launcher is killed stop with it."""
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 
 from test_data_stages import run_stage
 from test_sft_stages import _sft_args, prepared  # noqa: F401  (a fixture)
@@ -60,6 +61,36 @@ def test_two_ranks_train_as_one_process_and_resume_after_a_kill(prepared):  # no
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from step 6" in resumed.stdout and resumed.stdout.count("resuming") == 1
     assert _log(out, "killed") == double  # every step once, the same numbers as the uninterrupted run
+
+
+def test_ranks_stop_with_a_killed_launcher_and_the_same_command_resumes(prepared):  # noqa: F811
+    """The launcher SIGKILLed mid-run (the OOM killer, a lost job): each rank is told by the kernel
+    (PR_SET_PDEATHSIG, utils/core/stages.py run_main) and unwinds instead of training on as an orphan."""
+    import psutil
+
+    out, args = prepared
+    assert run_stage("03_generate_sft_traces", out, *args) == 0
+    shutil.copytree(out / "t", out / "orphan")
+    steps = ["--set", "warmup.steps=400"]
+    cmd = [*LAUNCH, "04_sft_warmup.py", "--set", f"outputs_dir={out}", *args, *_sft_args(steps), "--run_id", "orphan"]
+    launcher = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = out / "orphan" / "04_sft_warmup" / "logs" / "train.jsonl"
+    deadline = time.time() + 300
+    while not (log.is_file() and len(log.read_text().splitlines()) >= 10) and time.time() < deadline:
+        time.sleep(0.2)
+    ranks = psutil.Process(launcher.pid).children(recursive=True)
+    assert len(ranks) == 2 and launcher.poll() is None, "the run ended before it could be killed"
+    launcher.kill()
+    launcher.communicate()
+    _, alive = psutil.wait_procs(ranks, timeout=60)
+    assert not alive, f"ranks still running after their launcher died: {alive}"
+    done = len(_log(out, "orphan"))
+    assert 10 <= done < 400  # stopped part-way
+    assert json.loads((out / "orphan" / "04_sft_warmup" / "manifest.json").read_text())["status"] == "failed"
+    resumed = _sft(out, args, "orphan", LAUNCH, extra=steps)  # the lock was released: not refused
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from step" in resumed.stdout
+    assert [r["step"] for r in _log(out, "orphan")] == list(range(1, 401))  # every step once
 
 
 RL = ["--set", "algorithm.rl.steps=3", "--set", "algorithm.rl.questions_per_step=4", "--set", "algorithm.rl.n_samples=2",

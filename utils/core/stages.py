@@ -152,11 +152,14 @@ def disk_error(exc: OSError) -> str:
             "outputs_dir) and run it again")
 
 
+LAUNCHER_ENV = "TORCHELASTIC_RUN_ID"  # set in every rank by torch's elastic launcher (`accelerate launch`, torchrun)
+
+
 def run_main(stage: str, fn: Callable[[], int | None]) -> int:
     """Run a stage's main; user errors become one line on stderr and exit code 1. Ctrl-C and
     SIGTERM unwind it (manifest "failed", lock released, engine shut down): exit 130 or 143."""
-    if str(os.getppid()) in (os.environ.get(HOLDER_ENV), os.environ.get(PARENT_ENV)):
-        die_with_parent()  # run by the driver or one of its Ray tasks: stop with it, even if it is SIGKILLed
+    if str(os.getppid()) in (os.environ.get(HOLDER_ENV), os.environ.get(PARENT_ENV)) or LAUNCHER_ENV in os.environ:
+        die_with_parent()  # run by the driver, a Ray task or a launcher (a rank): stop with it, even if it is SIGKILLed
     try:
         with sigterm_as_interrupt():
             return fn() or 0
