@@ -3,6 +3,7 @@ multi-process launch is given its own GPU, and asking for a GPU this machine lac
 output is written. The GPU itself is untested here: "meta", torch's device without storage, stands
 in for a second device to show that nothing stays behind on the CPU."""
 import os
+import re
 import subprocess
 import sys
 from dataclasses import fields
@@ -28,6 +29,8 @@ def test_each_local_rank_sees_only_its_own_gpu():
     assert pin_gpu({"LOCAL_WORLD_SIZE": "1", "LOCAL_RANK": "0", **one}) is None
     with pytest.raises(ConfigError, match="needs a GPU per rank; CUDA_VISIBLE_DEVICES=3 names 1"):
         pin_gpu({"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "0", **one})
+    with pytest.raises(ConfigError, match="CUDA_VISIBLE_DEVICES= names 0"):  # set but empty: no GPU
+        pin_gpu({"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": ""})
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this check is for a machine without a GPU")
@@ -44,19 +47,29 @@ def test_cuda_without_a_gpu_is_refused_before_anything_is_written(tmp_path, monk
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this check is for a machine without a GPU")
+def _launch(script, tmp_path, *args):
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "configs/accelerate/gpu_node.yaml",
+           "--num_processes", "2", script, *args]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "5,3", "PYTHONPATH": str(ROOT)})
+    return done.returncode, done.stdout + done.stderr
+
+
 def test_the_gpu_node_config_gives_each_rank_its_own_gpu(tmp_path):
     """The shipped GPU-node config, launched as two ranks with the user's CUDA_VISIBLE_DEVICES:
-    each rank is pinned to its own entry before it looks for CUDA (and here finds none)."""
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "configs/accelerate/gpu_node.yaml",
-              "--num_processes", "2", "04_sft_warmup.py", "--set", f"outputs_dir={tmp_path}",
-              "--set", "model.device=cuda", "--run_id", "gpu"]
-    done = subprocess.run(launch, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "5,3"})
-    said = done.stdout + done.stderr
-    assert done.returncode != 0
-    for gpu in ("5", "3"):
-        assert f"sees no GPU (CUDA_VISIBLE_DEVICES={gpu})" in said, said[-3000:]
-    assert not any(tmp_path.rglob("*"))
+    each rank is pinned to its own entry, and a stage asking for cuda stops before writing (here,
+    where torch finds no GPU)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os\nfrom utils.train.world import pin_gpu\n"
+                     "print('rank', os.environ['LOCAL_RANK'], 'pinned to', pin_gpu(os.environ))\n")
+    code, said = _launch(str(probe), tmp_path)
+    assert code == 0, said[-3000:]
+    assert "rank 0 pinned to 5" in said and "rank 1 pinned to 3" in said, said[-3000:]
+    out = tmp_path / "outputs"
+    code, said = _launch("04_sft_warmup.py", tmp_path, "--set", f"outputs_dir={out}", "--set", "model.device=cuda")
+    # the first rank to fail has the launcher stop the other, which may not get to say its line
+    assert code != 0 and re.search(r"sees no GPU \(CUDA_VISIBLE_DEVICES=[53]\)", said), said[-3000:]
+    assert not out.exists()
 
 
 def test_the_policy_and_its_batches_share_one_device(base_dir):
@@ -69,7 +82,8 @@ def test_the_policy_and_its_batches_share_one_device(base_dir):
     batch = build_rl_batch([], torch.zeros(0), 0, offline=[(e, 0.5, 0.25) for e in examples],
                            turn_bonus=[])
     moved = batch.to("meta")
-    tensors = {f.name: getattr(moved, f.name) for f in fields(moved) if isinstance(getattr(moved, f.name), torch.Tensor)}
+    tensors = {f.name: getattr(moved, f.name) for f in fields(moved)
+               if isinstance(getattr(moved, f.name), torch.Tensor)}
     assert set(tensors) == {"ids", "attn", "mask", "sampler_lp", "adv", "offline", "accuracy", "token_adv"}
     assert {t.device.type for t in tensors.values()} == {"meta"}
     assert moved.roles == batch.roles and batch.ids.device.type == "cpu"  # a copy: the CPU batch is kept

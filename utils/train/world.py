@@ -127,8 +127,9 @@ def pin_gpu(env: dict) -> str | None:
     if size <= 1 or "LOCAL_RANK" not in env:
         return None
     rank = int(env["LOCAL_RANK"])
-    visible = [d.strip() for d in env["CUDA_VISIBLE_DEVICES"].split(",")] if env.get("CUDA_VISIBLE_DEVICES") \
-        else [str(i) for i in range(size)]
+    listed = env.get("CUDA_VISIBLE_DEVICES")  # set but empty: no GPU at all
+    visible = ([d.strip() for d in listed.split(",") if d.strip()] if listed is not None
+               else [str(i) for i in range(size)])
     if len(visible) < size:
         raise ConfigError(f"model.device=cuda with {size} ranks on this machine needs a GPU per rank; "
                           f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} names {len(visible)}")
