@@ -60,11 +60,11 @@ def test_the_gpu_node_config_gives_each_rank_its_own_gpu(tmp_path):
     each rank is pinned to its own entry, and a stage asking for cuda stops before writing (here,
     where torch finds no GPU)."""
     probe = tmp_path / "probe.py"
-    probe.write_text("import os\nfrom utils.train.world import pin_gpu\n"
-                     "print('rank', os.environ['LOCAL_RANK'], 'pinned to', pin_gpu(os.environ))\n")
-    code, said = _launch(str(probe), tmp_path)
+    probe.write_text("import os, pathlib, sys\nfrom utils.train.world import pin_gpu\n"  # a file per rank: their
+                     "pathlib.Path(sys.argv[1], os.environ['LOCAL_RANK']).write_text(str(pin_gpu(os.environ)))\n")
+    code, said = _launch(str(probe), tmp_path, str(tmp_path))  # prints would interleave on one pipe
     assert code == 0, said[-3000:]
-    assert "rank 0 pinned to 5" in said and "rank 1 pinned to 3" in said, said[-3000:]
+    assert (tmp_path / "0").read_text() == "5" and (tmp_path / "1").read_text() == "3"
     out = tmp_path / "outputs"
     code, said = _launch("04_sft_warmup.py", tmp_path, "--set", f"outputs_dir={out}", "--set", "model.device=cuda")
     # the first rank to fail has the launcher stop the other, which may not get to say its line
