@@ -9,6 +9,7 @@ hash is computed from the stage table (utils/core/stages.py), never by importing
 """
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from utils.core.manifest import (MANIFEST_NAME, atomic_write_json, config_sha256
                                  read_manifest, rel, utc_now)
 from utils.core.methods import BASE, METHODS, SFT_WARMUP
 from utils.core.schema import repo_path
-from utils.core.signals import run_child
+from utils.core.signals import run_child, run_forked
 from utils.core.stages import stage_config, stage_dir
 from utils.eval.compare import DEFAULT_RESAMPLES, compare_settings
 
@@ -66,6 +67,22 @@ def plan(methods: list[str]) -> list[Step]:
 
 
 REPORT = Step("08_compare_runs", "08_compare_runs")
+
+# What a stage imports that is slow to import, by script: with `fork`, the driver imports it once,
+# before the first stage that needs it, and every later stage forked from the driver has it already
+# (README "Speed"). A wrong list costs time, never a result: the stage imports what it lacks.
+_MODELS = ("torch", "transformers", "transformers.models.auto.tokenization_auto")
+_TRAINER = (*_MODELS, "transformers.models.auto.modeling_auto", "peft", "vllm", "vllm.entrypoints.llm",
+            "vllm.v1.engine.core", "vllm.v1.worker.cpu_model_runner")
+PRELOAD = {"01_prepare_dataset": _MODELS, "03_generate_sft_traces": _MODELS, "04_sft_warmup": _TRAINER,
+           "05_train_red_grpo": _TRAINER, "06_ablate_grpo_only": _TRAINER, "07_evaluate": _TRAINER}
+
+
+def preload(script: str) -> None:
+    """Import the modules `script` will need (PRELOAD) into this process, where not yet imported."""
+    for name in PRELOAD.get(script, ()):
+        if name not in sys.modules:
+            importlib.import_module(name)
 
 
 def expected_sha(step: Step, common: list[str]) -> tuple[str, object]:
@@ -154,9 +171,10 @@ def batches(steps: list[Step]) -> list[list[Step]]:
     return out
 
 
-def run_batch(batch: list[Step], common, force, label, log: RunManifest, seed, stdout=None) -> int:
+def run_batch(batch: list[Step], common, force, label, log: RunManifest, seed, stdout=None, fork=False) -> int:
     """Run the steps of a batch that are not up to date, in one process; skip the others. The
-    process writes to `stdout` (an open file) if given, else to ours."""
+    process writes to `stdout` (an open file) if given, else to ours. With `fork` it is forked from
+    this process after `preload` (this process must be single-threaded); else a new interpreter."""
     todo = []
     for step in batch:
         directory, skip, reason = up_to_date(step, common)
@@ -175,7 +193,11 @@ def run_batch(batch: list[Step], common, force, label, log: RunManifest, seed, s
     print(f"{label(first, name)}: running ({'; '.join(reasons)})", flush=True)
     t0 = time.time()
     args = first.args if len(todo) == 1 else ["--checkpoint", ",".join(s.checkpoint for s, _, _ in todo)]
-    code = run_child([sys.executable, f"{first.script}.py", *common, *args], ROOT, stdout)  # stopped with SIGTERM first
+    if fork:
+        preload(first.script)
+        code = run_forked(f"{first.script}.py", [*common, *args], ROOT, stdout)
+    else:
+        code = run_child([sys.executable, f"{first.script}.py", *common, *args], ROOT, stdout)  # SIGTERM first
     seconds = time.time() - t0
     for step, directory, reason in todo:
         m = directory / MANIFEST_NAME

@@ -157,9 +157,10 @@ def package_versions() -> dict:
 
 
 def device_name() -> str:
-    try:
-        import torch
-    except ImportError:
+    """The device the stage computed on: a CUDA device if torch sees one, else cpu. A stage that never
+    imported torch (00, 02, 08) ran on the CPU: importing torch only to ask would cost it ~3 s."""
+    torch = sys.modules.get("torch")
+    if torch is None:
         return "cpu"
     if torch.cuda.is_available():
         return f"cuda:{torch.cuda.get_device_name(0)}"
