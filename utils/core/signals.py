@@ -172,12 +172,12 @@ def run_forked(script: str, args: list[str], cwd, stdout=None) -> int:
 
 
 def single_threaded() -> bool:
-    """Whether this process runs one thread, native ones included (Linux: /proc/self/task); a fork
-    copies only the calling thread, so a lock another thread held would stay held in the child."""
-    try:
-        return len(os.listdir("/proc/self/task")) == 1
-    except OSError:
-        return False
+    """Whether this process runs no Python thread but the main one. A fork copies only the calling
+    thread, so a lock another thread held stays held in the child. The idle native helper threads
+    that `import torch` and vLLM's imports start (one each, parked on a futex) are tolerated, as
+    torch's own DataLoader forks its workers beside them; a process that starts threads of its
+    own (a Ray worker, a thread pool) is not forked from."""
+    return threading.active_count() == 1
 
 
 def _forked_main(script: str, args: list[str], cwd, stdout) -> int:
@@ -187,6 +187,9 @@ def _forked_main(script: str, args: list[str], cwd, stdout) -> int:
         if stdout is not None:
             os.dup2(stdout.fileno(), 1)
             os.dup2(stdout.fileno(), 2)
+        # streams on file descriptors 1 and 2, as a new interpreter has (ours may be another object)
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - lives as long as the child
+        sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
         os.chdir(cwd)
         sys.argv = [script, *args]
         runpy.run_path(script, run_name="__main__")
