@@ -4,11 +4,9 @@
                         [--run_id run_001] [--seeds 1,2,3]
                         [--config run.yaml] [--model tiny-arith] [--data synthetic_arith] [--force]
                         [--executor sequential|ray] [--launch fork|exec] [--ray_address ADDR] [--ray_cpus N]
-                        [--branch_cpus C] [--branch_gpus G]
-                        [--set key=value ...]
+                        [--branch_cpus C] [--branch_gpus G] [--set key=value ...]
 
-`all` is the RED study: red, grpo, fixed_sft, matched_sft and sft; rloo, gspo and red_paper run by name
-or in a list (`--method red,red_paper,grpo,rloo,gspo`).
+`all` is the RED study: red, grpo, fixed_sft, matched_sft and sft; rloo, gspo and red_paper by name or in a list.
 Per seed: 00 → 01 → 02 → 03 → 04 → each method's 05/06 (red before matched_sft, which reads red's mean
 SFT weight) → 07 on base, sft_warmup and every method, in one process sharing one engine; then
 08_compare_runs over all seeds writes outputs/<run_id>/08_compare_runs/report.md.
@@ -19,10 +17,9 @@ several seeds, seed s writes to outputs/<run_id>/seed_<s>/. --set overrides reac
 outputs/<run_id>/run_manifest.json lists every stage's manifest and what the driver did with it.
 One driver at a time per run: a second one on the same --run_id is refused, naming the first
 (utils/core/lock.py). Ctrl-C or SIGTERM stops the running stage with SIGTERM, waits for it to unwind
-(its manifest says "failed", its vLLM engine shuts down), then exits; the same command resumes.
---launch fork (the default) forks each stage from the driver, which imports torch, transformers, peft
-and vLLM once instead of once per stage (the same stage, the same results, ~19 s less per vLLM stage
-on a 2-core box); --launch exec starts each as `python NN_stage.py ...` in a fresh interpreter.
+(its manifest says "failed", its vLLM engine shuts down), then exits; the same command resumes. --launch
+fork (default) forks each stage from the driver, which imports torch, transformers, peft and vLLM
+once, not once per stage (same results); exec starts each as `python NN_stage.py ...`.
 --executor ray runs the independent branches (each seed's chain; each method after its seed's SFT
 warmup) as Ray tasks, on this box or on the cluster at --ray_address, with the same manifests and
 skip rules (utils/ray_executor.py); a failed branch is named with its log and the others go on.
@@ -54,9 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--executor", choices=("sequential", "ray"), default="sequential",
                     help="sequential: one stage at a time (default); ray: independent branches as Ray tasks")
-    ap.add_argument("--launch", choices=("fork", "exec"), default="fork",
-                    help="sequential: fork each stage from the driver, which imports the heavy modules once "
-                         "(default), or exec each in a new interpreter; ray branches always exec")
+    ap.add_argument("--launch", choices=("fork", "exec"), default="fork", help="sequential: fork each stage from "
+                    "the driver, which imports the heavy modules once, or exec a new interpreter (ray: always exec)")
     ap.add_argument("--ray_address", default=None,
                     help="ray: a cluster's address (e.g. ray://head:10001 or auto); default: a local Ray on this box")
     ap.add_argument("--ray_cpus", type=int, default=None, help="ray, local: CPUs the local Ray may use (default: all)")
