@@ -98,7 +98,7 @@ def _run(args, methods, seeds, base, root, run_root) -> int:
     log = RunManifest(run_root / "run_manifest.json", args.run_id, methods, seeds, sys.argv[1:])
     log.write()
     steps = plan(methods)
-    total = len(steps) * len(seeds) + 1
+    total, fork = len(steps) * len(seeds) + 1, args.launch == "fork" and args.executor == "sequential"
 
     def common_of(seed):
         common = base + ["--run_id", args.run_id if seed is None or len(seeds) == 1 else f"{args.run_id}/seed_{seed}"]
@@ -126,7 +126,7 @@ def _run(args, methods, seeds, base, root, run_root) -> int:
 
             for batch in batches(steps):
                 try:
-                    code = run_batch(batch, common, args.force, label, log, seed, fork=args.launch == "fork")
+                    code = run_batch(batch, common, args.force, label, log, seed, fork=fork)
                 except KeyboardInterrupt as exc:
                     how = "terminated" if isinstance(exc, Terminated) else "interrupted"
                     log.finish(f"{how} at {batch[0].dir_name}")
@@ -135,7 +135,7 @@ def _run(args, methods, seeds, base, root, run_root) -> int:
                     log.finish(f"failed at {batch[0].dir_name}")
                     return code
     code = run_batch([REPORT], root, args.force, lambda step, name=None: f"[{total}/{total}] {name or step.dir_name}",
-                     log, None, fork=args.launch == "fork" and args.executor == "sequential")
+                     log, None, fork=fork)
     if code:
         log.finish(f"failed at {REPORT.dir_name}")
         return code

@@ -180,7 +180,8 @@ def batches(steps: list[Step]) -> list[list[Step]]:
 def run_batch(batch: list[Step], common, force, label, log: RunManifest, seed, stdout=None, fork=False) -> int:
     """Run the steps of a batch that are not up to date, in one process; skip the others. The
     process writes to `stdout` (an open file) if given, else to ours. With `fork` it is forked from
-    this process after `preload` (this process must be single-threaded); else a new interpreter."""
+    this process after `preload` (`run_forked`, which starts a new interpreter instead if this
+    process runs other Python threads); else a new interpreter."""
     todo = []
     for step in batch:
         directory, skip, reason = up_to_date(step, common)

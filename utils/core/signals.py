@@ -108,6 +108,11 @@ def run_child(cmd: list[str], cwd, stdout=None) -> int:
     `stdout` (an open file), the child's stdout and stderr go there."""
     env = {**os.environ, PARENT_ENV: str(os.getpid())}
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=subprocess.STDOUT if stdout else None)
+    return _wait_or_stop(proc)
+
+
+def _wait_or_stop(proc) -> int:
+    """The child's exit code; if we are interrupted or terminated while waiting, stop it first."""
     try:
         return proc.wait()
     except BaseException:
@@ -152,7 +157,7 @@ class Forked:
 def run_forked(script: str, args: list[str], cwd, stdout=None) -> int:
     """`run_child([sys.executable, script, *args], cwd, stdout)`, with the child forked from this
     process: it runs `script` as `__main__` with `args`, on the modules we have imported. A caller
-    that runs more than one thread (a Ray worker, a started thread pool) gets `run_child` instead.
+    running Python threads besides its main one (`single_threaded`) gets `run_child` instead.
 
     The child never returns into our stack (it would run our `finally` blocks, e.g. a driver's lock
     release): it ends with `os._exit` after running the exit handlers, as an interpreter would."""
@@ -163,12 +168,7 @@ def run_forked(script: str, args: list[str], cwd, stdout=None) -> int:
     pid = os.fork()
     if pid == 0:  # the child
         os._exit(_forked_main(script, args, cwd, stdout))
-    proc = Forked(pid)
-    try:
-        return proc.wait()
-    except BaseException:
-        stop_child(proc)
-        raise
+    return _wait_or_stop(Forked(pid))
 
 
 def single_threaded() -> bool:
