@@ -35,23 +35,34 @@ def _script(tmp_path):
 
 
 def test_a_forked_script_gets_its_argv_exit_code_output_and_exit_handlers(tmp_path):
+    """Run from a fresh interpreter of its own: pytest's process may hold other tests' threads (an
+    engine's, a pool's), beside which `run_forked` rightly refuses to fork."""
     script, out, log = _script(tmp_path), tmp_path / "seen.json", tmp_path / "log.txt"
-    finally_ran = []
-    try:
-        with log.open("w") as fh:
-            code = run_forked(str(script), [str(out), "3"], tmp_path, fh)
-    finally:
-        finally_ran.append(os.getpid())  # a child returning into this stack would append from its own pid
-    assert code == 3
+    runner = tmp_path / "runner.py"
+    runner.write_text(
+        "import json, os, sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from utils.core.signals import run_forked, single_threaded\n"
+        "alone, finally_ran = single_threaded(), []\n"
+        "try:\n"
+        f"    with open({str(log)!r}, 'w') as fh:\n"
+        f"        code = run_forked({str(script)!r}, [{str(out)!r}, '3'], {str(tmp_path)!r}, fh)\n"
+        "finally:\n"
+        "    finally_ran.append(os.getpid())  # a child returning into this stack would append from its pid\n"
+        "print(json.dumps({'code': code, 'pid': os.getpid(), 'alone': alone, 'finally': finally_ran}))\n")
+    proc = subprocess.run([sys.executable, str(runner)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    ran = json.loads(proc.stdout.splitlines()[-1])  # only the parent prints it
+    assert ran["alone"] and ran["code"] == 3
     seen = json.loads(out.read_text())
     assert seen["argv"] == [str(out), "3"] and seen["name"] == "__main__"
-    assert seen["parent"] == str(os.getpid()) == str(seen["ppid"])  # it stops with us (run_main reads this)
-    assert seen["fresh"] is False  # forked: the interpreter's own command line is pytest's
+    assert seen["parent"] == str(ran["pid"]) == str(seen["ppid"])  # it stops with us (run_main reads this)
+    assert seen["fresh"] is False  # forked: the interpreter's own command line is the runner's
     assert seen["comm"] == "probe"  # what top shows: the script's name, not the parent's
     assert (tmp_path / "seen.json.atexit").read_text() == "ran"
     # both streams reach the file; stdout is block-buffered there, as in a new interpreter
     assert sorted(log.read_text().splitlines()) == ["stderr line", "stdout line"]
-    assert finally_ran == [os.getpid()]
+    assert ran["finally"] == [ran["pid"]]
 
 
 def test_a_process_with_other_threads_starts_a_fresh_interpreter_instead(tmp_path):
