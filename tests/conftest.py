@@ -1,6 +1,15 @@
 """Shared fixtures. The vLLM engine is expensive to start (~30-60 s on 2 cores), so one serves the
-whole session; tests that use it set the adapter they need first."""
-import pytest
+whole session; tests that use it set the adapter they need first.
+
+The suite runs on two pytest-xdist workers (pytest.ini), each starting trainings and engines with
+torch's two threads on a 2-core box. OpenMP threads that spin while they wait for work (libgomp's
+default) would take the cores from the other worker's, so before anything imports torch, every
+worker and every process it starts is told to sleep instead: a setting of speed, never of numbers."""
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
 
 from utils.core.config import ROOT
 from utils.core.schema import EngineConfig

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -85,6 +86,14 @@ def train_lookup_adapter(base_path: Path, rows: list[dict], search, out_dir: Pat
               seed=seed, pad_id=tok.pad_token_id)
     model.save_pretrained(out_dir)
     return out_dir
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (the kernel's pick): tests that run at once (pytest-xdist)
+    must not share a launcher's rendezvous port or a server's."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def kill_once_logged(cmd: list[str], cwd: Path, log: Path, lines: int, timeout: float) -> int:

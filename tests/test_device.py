@@ -11,6 +11,7 @@ from dataclasses import fields
 import pytest
 import torch
 
+from helpers import free_port
 from utils.agent.episode import Example
 from utils.core.config import ROOT, ConfigError
 from utils.core.schema import LoraConfig
@@ -49,7 +50,7 @@ def test_cuda_without_a_gpu_is_refused_before_anything_is_written(tmp_path, monk
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this check is for a machine without a GPU")
 def _launch(script, tmp_path, *args):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "configs/accelerate/gpu_node.yaml",
-           "--num_processes", "2", script, *args]
+           "--num_processes", "2", "--main_process_port", str(free_port()), script, *args]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": "5,3", "PYTHONPATH": str(ROOT)})
     return done.returncode, done.stdout + done.stderr

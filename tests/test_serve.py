@@ -13,18 +13,13 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
+from helpers import free_port
 from test_engines import _greedy, _rows
 from utils.core.config import ROOT
 from utils.core.http import request_json
 from utils.core.schema import EngineConfig, JudgeConfig
 
 CHAT = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"  # tiny-arith's tokenizer has no chat template
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +29,7 @@ def served(protocol_adapter, base_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     (tmp / "chat.jinja").write_text(CHAT)
     server = Server(base_dir, {"proto": protocol_adapter}, EngineConfig(memory_share=0.1, max_lora_rank=8),
-                    _free_port(), tmp / "server.log", chat_template=str(tmp / "chat.jinja"))
+                    free_port(), tmp / "server.log", chat_template=str(tmp / "chat.jinja"))
     ready = server.start(timeout=600)
     print(f"vllm serve ready in {ready:.1f} s")
     yield server

@@ -71,20 +71,30 @@ REPORT = Step("08_compare_runs", "08_compare_runs")
 
 # What a stage imports that is slow to import, by script: with `fork`, the driver imports it once,
 # before the first stage that needs it, and every later stage forked from the driver has it already
-# (README "Speed"). A wrong list costs time, never a result: the stage imports what it lacks.
+# (README "Speed"). vLLM's modules (11 s on a 2-core box) only for a stage whose config samples with
+# vLLM. A wrong list costs time, never a result: the stage imports what it lacks.
 _MODELS = ("torch", "transformers", "transformers.models.auto.tokenization_auto")
-_TRAINER = (*_MODELS, "transformers.models.auto.modeling_auto", "peft", "vllm", "vllm.entrypoints.llm",
-            "vllm.v1.engine.core", "vllm.v1.worker.cpu_model_runner")
+_TRAINER = (*_MODELS, "transformers.models.auto.modeling_auto", "peft")
+_VLLM = ("vllm", "vllm.entrypoints.llm", "vllm.v1.engine.core", "vllm.v1.worker.cpu_model_runner")
 PRELOAD = {"01_prepare_dataset": _MODELS, "03_generate_sft_traces": _MODELS, "04_sft_warmup": _TRAINER,
            "05_train_red_grpo": _TRAINER, "06_ablate_grpo_only": _TRAINER, "07_evaluate": _TRAINER}
 
 
-def preload(script: str) -> None:
-    """Import the modules `script` will need (PRELOAD) into this process, where not yet imported, then
-    hand every object alive to the garbage collector's permanent generation (`gc.freeze`), so that a
-    forked stage's collections do not walk the imported modules (vLLM's engine start collects five
-    times: 4.2 s in a forked child without the freeze, 2.8 s with it, on a 2-core box)."""
-    missing = [name for name in PRELOAD.get(script, ()) if name not in sys.modules]
+def uses_vllm(cfg) -> bool:
+    """Whether a stage run with `cfg` may start a vLLM engine: its sampler or its process-reward judge."""
+    return "vllm" in (cfg.model.engine.name, cfg.reward.process.judge_engine)
+
+
+def preload(script: str, cfg) -> None:
+    """Import the modules `script` will need under `cfg` (PRELOAD, and vLLM's if `uses_vllm`) into this
+    process, where not yet imported, then hand every object alive to the garbage collector's
+    permanent generation (`gc.freeze`), so that a forked stage's collections do not walk the imported
+    modules (vLLM's engine start collects five times: 4.2 s in a forked child without the freeze,
+    2.8 s with it, on a 2-core box)."""
+    wanted = PRELOAD.get(script, ())
+    if wanted is _TRAINER and uses_vllm(cfg):
+        wanted = (*wanted, *_VLLM)
+    missing = [name for name in wanted if name not in sys.modules]
     for name in missing:
         importlib.import_module(name)
     if missing:
@@ -201,7 +211,7 @@ def run_batch(batch: list[Step], common, force, label, log: RunManifest, seed, s
     t0 = time.time()
     args = first.args if len(todo) == 1 else ["--checkpoint", ",".join(s.checkpoint for s, _, _ in todo)]
     if fork:
-        preload(first.script)
+        preload(first.script, expected_sha(first, common)[1])
         code = run_forked(str(ROOT / f"{first.script}.py"), [*common, *args], ROOT, stdout)
     else:
         code = run_child([sys.executable, f"{first.script}.py", *common, *args], ROOT, stdout)  # SIGTERM first
