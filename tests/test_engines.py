@@ -224,6 +224,35 @@ def test_hf_engine_switches_between_adapters_and_the_base(hf_engine, adapters, b
     assert a[1] != base[1] and b[1] != a[1]
 
 
+NUMBA_FIRST = """
+import sys
+import bm25s  # the search tool's retriever; it imports numba, and numba llvmlite
+from utils.agent.engines import VLLMEngine
+from utils.agent.sampling import SamplingSpec
+from utils.core.schema import EngineConfig
+ffi = sys.modules["llvmlite.binding.ffi"]
+engine = VLLMEngine(sys.argv[1], EngineConfig(in_process=True, kv_cache_gb=0.25, max_num_seqs=4), seed=0)
+ids = engine.tokenizer("12+3=", add_special_tokens=False)["input_ids"]
+out = engine.generate([ids], SamplingSpec(max_tokens=4, temperature=0.0, stop=[]), seeds=[0])
+print("generated", len(out[0][0].token_ids), sys.modules["llvmlite.binding.ffi"] is ffi)
+"""
+
+
+def test_an_in_process_engine_starts_after_numba_is_imported(base_dir):
+    """vLLM's CPU worker scans every imported module's objects as it starts; llvmlite's library wrapper
+    (numba's, so bm25s's) broke that scan, and with it an in-process engine in any process that had
+    loaded the search tool's retriever first. The engine hides such modules while it starts."""
+    import subprocess
+    import sys
+
+    from utils.core.config import ROOT
+
+    proc = subprocess.run([sys.executable, "-c", NUMBA_FIRST, str(base_dir)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-3:] == ["generated", "4", "True"], proc.stdout[-2000:]
+
+
 _KEEP: list = []  # in-process engines live until the session ends
 
 

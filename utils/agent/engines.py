@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from pathlib import Path
 
 from utils.agent.merge import lora_deltas, weight_files
@@ -287,9 +288,13 @@ def _in_process(on: bool):
              torch.get_num_threads(), os.environ.get(MULTIPROCESSING_ENV))
     keep_freed_memory()
     os.environ[MULTIPROCESSING_ENV] = "0"
+    hidden = _unscannable_modules()
+    for name in hidden:
+        del sys.modules[name]
     try:
         yield
     finally:
+        sys.modules.update(hidden)
         import vllm.envs
 
         vllm.envs.disable_envs_cache()
@@ -302,6 +307,31 @@ def _in_process(on: bool):
             os.environ.pop(MULTIPROCESSING_ENV, None)
         else:
             os.environ[MULTIPROCESSING_ENV] = saved[5]
+
+
+def _unscannable_modules() -> dict:
+    """The imported modules that vLLM's CPU worker cannot scan when it starts in this process, by name.
+    It walks every object of every module in `sys.modules` and reads `vars(obj).get("kernel")` of each
+    that has a `__dict__` (vllm/triton_utils/dispatcher.py, `_rebind_kernels`, vLLM 0.32.0); llvmlite's
+    library wrapper answers `__dict__` with a C function, so once numba is imported (bm25s, the search
+    tool's retriever, imports it) the engine start failed with "'_lib_fn_wrapper' object has no
+    attribute 'get'". Those modules hold no Triton kernel: `_in_process` takes them out of
+    `sys.modules` for the start and puts them back."""
+    import warnings
+
+    found = {}
+    with warnings.catch_warnings():  # reading every attribute wakes deprecation warnings (torch.distributed)
+        warnings.simplefilter("ignore")
+        for name, module in list(sys.modules.items()):
+            for value in list((getattr(module, "__dict__", None) or {}).values()):
+                try:
+                    odd = hasattr(value, "__dict__") and not hasattr(vars(value), "get")
+                except Exception:  # noqa: BLE001 - whatever fails here would fail vLLM's scan too
+                    odd = True
+                if odd:
+                    found[name] = module
+                    break
+    return found
 
 
 def keep_freed_memory() -> bool:
