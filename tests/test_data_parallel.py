@@ -13,7 +13,8 @@ from test_data_stages import run_stage
 from test_sft_stages import _sft_args, prepared  # noqa: F401  (a fixture)
 from utils.core.config import ROOT
 
-def launch() -> list[str]:
+
+def two_ranks() -> list[str]:
     """Two ranks on a rendezvous port of their own (accelerate's default, 29500, is shared by every
     launch on the machine, such as tests/test_device.py's running beside these under pytest-xdist)."""
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "configs/accelerate/local_2proc.yaml",
@@ -42,7 +43,7 @@ def test_two_ranks_train_as_one_process_and_resume_after_a_kill(prepared):  # no
     one = _sft(out, args, "one")
     assert one.returncode == 0, one.stderr
     # validated mid-run and at the end on vLLM, in rank 0's process, while rank 1 trains on
-    two = _sft(out, args, "two", launch(), extra=VLLM_VALIDATION)
+    two = _sft(out, args, "two", two_ranks(), extra=VLLM_VALIDATION)
     assert two.returncode == 0, two.stderr[-3000:]
 
     single, double = _log(out, "one"), _log(out, "two")
@@ -58,11 +59,11 @@ def test_two_ranks_train_as_one_process_and_resume_after_a_kill(prepared):  # no
         assert json.loads((out / "two" / "04_sft_warmup" / "valid_samples" / f"step_{step}.json").read_text())["samples"]
 
     # killed at the 8th step of a rank (after the checkpoint of step 6), then the same command again
-    killed = _sft(out, args, "killed", launch(), {"REDCODA_FAULT": "sft_step:8", "REDCODA_FAULT_STAGE": "04_sft_warmup"})
+    killed = _sft(out, args, "killed", two_ranks(), {"REDCODA_FAULT": "sft_step:8", "REDCODA_FAULT_STAGE": "04_sft_warmup"})
     assert killed.returncode != 0 and "SIGKILL" in killed.stderr
     state = json.loads((out / "killed" / "04_sft_warmup" / "manifest.json").read_text())["status"]
     assert state == "running" and len(_log(out, "killed")) == 7
-    resumed = _sft(out, args, "killed", launch())
+    resumed = _sft(out, args, "killed", two_ranks())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from step 6" in resumed.stdout and resumed.stdout.count("resuming") == 1
     assert _log(out, "killed") == double  # every step once, the same numbers as the uninterrupted run
@@ -77,7 +78,7 @@ def test_ranks_stop_with_a_killed_launcher_and_the_same_command_resumes(prepared
     assert run_stage("03_generate_sft_traces", out, *args) == 0
     shutil.copytree(out / "t", out / "orphan")
     steps = ["--set", "warmup.steps=400"]
-    cmd = [*launch(), "04_sft_warmup.py", "--set", f"outputs_dir={out}", *args, *_sft_args(steps), "--run_id", "orphan"]
+    cmd = [*two_ranks(), "04_sft_warmup.py", "--set", f"outputs_dir={out}", *args, *_sft_args(steps), "--run_id", "orphan"]
     launcher = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = out / "orphan" / "04_sft_warmup" / "logs" / "train.jsonl"
     deadline = time.time() + 300
@@ -92,7 +93,7 @@ def test_ranks_stop_with_a_killed_launcher_and_the_same_command_resumes(prepared
     done = len(_log(out, "orphan"))
     assert 10 <= done < 400  # stopped part-way
     assert json.loads((out / "orphan" / "04_sft_warmup" / "manifest.json").read_text())["status"] == "failed"
-    resumed = _sft(out, args, "orphan", launch(), extra=steps)  # the lock was released: not refused
+    resumed = _sft(out, args, "orphan", two_ranks(), extra=steps)  # the lock was released: not refused
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from step" in resumed.stdout
     assert [r["step"] for r in _log(out, "orphan")] == list(range(1, 401))  # every step once
@@ -128,7 +129,7 @@ def test_two_rl_ranks_roll_out_on_their_own_engines_and_resume_after_a_kill(prep
     assert warmup.returncode == 0, warmup.stderr
     for run_id in ("one", "two", "killed"):
         shutil.copytree(out / "t", out / run_id)
-    one, two = _rl(out, args, "one"), _rl(out, args, "two", launch())
+    one, two = _rl(out, args, "one"), _rl(out, args, "two", two_ranks())
     assert one.returncode == 0, one.stderr[-3000:]
     assert two.returncode == 0, two.stderr[-3000:]
 
@@ -145,11 +146,11 @@ def test_two_rl_ranks_roll_out_on_their_own_engines_and_resume_after_a_kill(prep
     for key in ("critic/rewards/mean", "answer_f1/mean", "rollout/turns_per_episode", "rollout/tokens_planner"):
         assert first[0][key] == first[1][key], key
 
-    killed = _rl(out, args, "killed", launch(), {"REDCODA_FAULT": "checkpoint:2",
+    killed = _rl(out, args, "killed", two_ranks(), {"REDCODA_FAULT": "checkpoint:2",
                                                "REDCODA_FAULT_STAGE": "05_train_red_grpo"})
     assert killed.returncode != 0 and "SIGKILL" in killed.stderr
     assert len(_rl_out(out, "killed", "metrics.jsonl")) == 2  # step 2 logged, its checkpoint cut short
-    resumed = _rl(out, args, "killed", launch())
+    resumed = _rl(out, args, "killed", two_ranks())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming red from step 1" in resumed.stdout
     assert _numbers(out, "killed") == _numbers(out, "two")

@@ -312,7 +312,7 @@ def _in_process(on: bool):
 def _unscannable_modules() -> dict:
     """The imported modules that vLLM's CPU worker cannot scan when it starts in this process, by name.
     It walks every object of every module in `sys.modules` and reads `vars(obj).get("kernel")` of each
-    that has a `__dict__` (vllm/triton_utils/dispatcher.py, `_rebind_kernels`, vLLM 0.32.0); llvmlite's
+    that has a `__dict__` (`vllm.triton_utils.dispatcher._rebind_kernels`, vLLM 0.32.0); llvmlite's
     library wrapper answers `__dict__` with a C function, so once numba is imported (bm25s, the search
     tool's retriever, imports it) the engine start failed with "'_lib_fn_wrapper' object has no
     attribute 'get'". Those modules hold no Triton kernel: `_in_process` takes them out of
