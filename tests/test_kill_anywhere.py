@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 # and the rollout kill points fall mid-episode (a 6-step warmup ends every episode at turn one)
 SETS = ["data.n_train=40", "data.n_val=4", "data.n_test=6", "data.min_steps=2", "data.max_steps=3",
         "warmup.steps=150", "warmup.lr=0.003", "warmup.decay_start=0", "warmup.save_every=50",
-        "warmup.eval_every=0", "warmup.eval_size=4", "warmup.batch_size=16", "algorithm.rl.steps=3",
+        "warmup.eval_every=0", "warmup.eval_size=4", "warmup.batch_size=8", "algorithm.rl.steps=3",
         "algorithm.rl.save_freq=1", "algorithm.rl.questions_per_step=2", "algorithm.rl.n_samples=2",
         "model.engine.name=hf", "wandb_mode=disabled"]
 

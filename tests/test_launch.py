@@ -9,6 +9,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.core.signals import PARENT_ENV, run_forked, single_threaded
@@ -177,6 +179,7 @@ def _plain(x):
     return x
 
 
+@pytest.mark.slow
 def test_fork_and_exec_give_the_same_files(tmp_path):
     """The tiny chain for the sft method (00-05, 07) once with each launch: every file under the
     stages is the same, byte for byte, but for times, memory and the run's own folder."""

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from test_driver import TINY
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
@@ -45,6 +47,7 @@ def test_branches_follow_the_study_graph():
     assert [b.name for b in branches(steps, [None], lambda s: [])][:2] == ["data", "red"]  # one seed: no prefix
 
 
+@pytest.mark.slow
 def test_ray_runs_the_branches_as_the_sequential_driver_does(tmp_path):
     data = tmp_path / "synth"
     write_dataset(DataConfig(n_train=40, n_val=6, n_test=6), data)

@@ -263,6 +263,7 @@ def test_lookup_task_needs_the_corpus(lookup):
         generate_lookup(DataConfig(name="synthetic_lookup", ops=["*"]))
 
 
+@pytest.mark.slow
 def test_tool_rollouts_are_token_identical_on_vllm_and_hf(lookup, base_dir, vllm_engine, hf_engine, tmp_path):
     """Greedy rollouts of an adapter that searches: every segment's ids, every search and every
     ending agree between the vLLM and transformers engines."""

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset
@@ -93,6 +95,7 @@ def _data(tmp_path) -> Path:
     return tmp_path / "synth"
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_driver_stops_its_stage_and_the_engine_in_order(tmp_path):
     out, data = tmp_path / "outputs", _data(tmp_path)
     sets = [x for s in [*SETS, f"outputs_dir={out}", f"data.path={data}"] for x in ("--set", s)]
@@ -109,6 +112,7 @@ def test_sigterm_to_the_driver_stops_its_stage_and_the_engine_in_order(tmp_path)
     assert "Terminated" in log  # the stage unwound (its manifest names the signal), it was not SIGKILLed
 
 
+@pytest.mark.slow
 def test_a_sigkilled_stage_leaves_no_engine_behind(tmp_path):
     out, data = tmp_path / "outputs", _data(tmp_path)
     for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces"):
@@ -126,6 +130,7 @@ def test_a_sigkilled_stage_leaves_no_engine_behind(tmp_path):
     assert json.loads((out / "k" / "04_sft_warmup" / "manifest.json").read_text())["status"] == "running"
 
 
+@pytest.mark.slow
 def test_a_sigkilled_driver_takes_its_running_stage_down_in_order(tmp_path):
     """Only the driver is killed (not its process group): its stage, asked by the kernel for
     SIGTERM when the driver dies, unwinds as under a SIGTERMed driver."""

@@ -212,6 +212,7 @@ def _warm_start(out, args) -> list[str]:
     return sft
 
 
+@pytest.mark.slow
 def test_killed_training_resumes_and_matches_an_uninterrupted_run(prepared, tmp_path):  # noqa: F811
     import shutil
     out, args = prepared
