@@ -6,7 +6,6 @@ torch's two threads on a 2-core box. OpenMP threads that spin while they wait fo
 default) would take the cores from the other worker's, so before anything imports torch, every
 worker and every process it starts is told to sleep instead: a setting of speed, never of numbers."""
 import os
-from collections import Counter
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -108,21 +107,12 @@ def protocol_adapter(tmp_path_factory, worker_id):
     shared = tmp_path_factory.getbasetemp()
     if worker_id != "master":  # each worker's basetemp is a subfolder of the run's
         shared = shared.parent
-    out = shared / "protocol_adapter"
+    out = shared / "protocol" / "adapter"  # tests/test_export.py expects the folder name "adapter"
+    out.parent.mkdir(exist_ok=True)
     with FileLock(f"{out}.lock"):
         if not out.is_dir():
-            tmp = shared / f"protocol_adapter.{worker_id}.tmp"
+            tmp = out.with_name(f"adapter.{worker_id}.tmp")
             train_gold_adapter(BASE, tmp)
             tmp.rename(out)  # complete or absent
     return out
 
-
-def pytest_collection_modifyitems(items):
-    """The longest files first, so that the two workers end together. pytest-xdist hands a worker
-    one whole file at a time, in the order collected (pytest.ini turns off xdist's own order, by
-    number of tests, which put the one-test, ten-minute kill-anywhere file last). Files with more
-    minutes-long (`slow`) tests go first, in name order; then the other files, those with more tests
-    first. A file's tests keep their order."""
-    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
-    count = Counter(item.path for item in items)
-    items.sort(key=lambda item: (-slow[item.path], 0 if slow[item.path] else -count[item.path]))
