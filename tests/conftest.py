@@ -97,9 +97,9 @@ def adapters(tmp_path_factory):
 def protocol_adapter(tmp_path_factory, worker_id):
     """A LoRA adapter briefly SFT-trained on gold traces, so rollouts run several real turns.
 
-    Trained once per test run (about a minute of CPU): under pytest-xdist the first worker to ask
-    trains it into the folder the run's workers share, while another that asks waits on a file lock.
-    It is seeded, so which worker trains it does not change it."""
+    Trained once per test run (165-189 s in the suite on the AVX2 box): under pytest-xdist the first
+    worker to ask trains it into the folder the run's workers share, while another that asks waits
+    on a file lock. It is seeded, so which worker trains it does not change it."""
     from filelock import FileLock
 
     from helpers import train_gold_adapter
@@ -115,4 +115,3 @@ def protocol_adapter(tmp_path_factory, worker_id):
             train_gold_adapter(BASE, tmp)
             tmp.rename(out)  # complete or absent
     return out
-
