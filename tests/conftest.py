@@ -115,3 +115,26 @@ def protocol_adapter(tmp_path_factory, worker_id):
             train_gold_adapter(BASE, tmp)
             tmp.rename(out)  # complete or absent
     return out
+
+
+VLLM_SESSION = {"vllm_engine", "vllm_merged", "any_vllm"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    """Which worker runs what, and in which order (pytest.ini: `--dist loadgroup`, xdist's own
+    reordering off). Every file is one group, so its module fixtures stay in one process; the files
+    that use this session's vLLM engines form a single group, so the engines start on one worker
+    only (each start is an engine and its memory on a box of 2 cores). That group goes first, then
+    the files with more minutes-long (`slow`) tests, then those with more tests: xdist hands each
+    worker two groups at the start and the next one whenever it is free, so the long ones start
+    early and the short ones fill the end."""
+    from collections import Counter
+
+    vllm_files = {item.path for item in items if VLLM_SESSION & set(item.fixturenames)}
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    count = Counter(item.path for item in items)
+    for item in items:
+        group = "vllm-session" if item.path in vllm_files else item.path.name
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: (item.path not in vllm_files, -slow[item.path], -count[item.path], str(item.path)))
