@@ -119,26 +119,27 @@ def test_sigterm_to_the_parent_stops_a_forked_child_through_its_handlers(tmp_pat
 
 
 PRELOAD_PROBE = """
-import sys
+import json, sys
 from utils.driver import Step, expected_sha, preload
 step = Step("05_train_red_grpo", "05_train_red_grpo/red", algorithm="red")
-preload(step.script, expected_sha(step, sys.argv[1:])[1])
-print("peft" in sys.modules, "vllm" in sys.modules)
+for argv in json.loads(sys.argv[1]):  # one config after another, in this one process
+    preload(step.script, expected_sha(step, argv)[1])
+    print("peft" in sys.modules, "vllm" in sys.modules)
 """
 
 
 def test_the_driver_preloads_vllm_only_for_a_stage_that_samples_with_it():
-    def loaded(*sets):
-        argv = [x for s in sets for x in ("--set", s)]
-        proc = subprocess.run([sys.executable, "-c", PRELOAD_PROBE, *argv], cwd=ROOT, capture_output=True, text=True,
+    def loaded(*configs):
+        argv = json.dumps([[x for s in sets for x in ("--set", s)] for sets in configs])
+        proc = subprocess.run([sys.executable, "-c", PRELOAD_PROBE, argv], cwd=ROOT, capture_output=True, text=True,
                               timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        return proc.stdout.split()[-2:]
+        return [line.split() for line in proc.stdout.splitlines()[-len(configs):]]
 
-    assert loaded("model.engine.name=hf") == ["True", "False"]
-    assert loaded("model.engine.name=hf", "reward.process.source=judge", "reward.process.judge_engine=vllm") == [
-        "True", "True"]
-    assert loaded("model.engine.name=vllm") == ["True", "True"]
+    # HF sampling leaves vLLM out; the same process then preloading for vLLM sampling takes it in
+    assert loaded(["model.engine.name=hf"], ["model.engine.name=vllm"]) == [["True", "False"], ["True", "True"]]
+    assert loaded(["model.engine.name=hf", "reward.process.source=judge", "reward.process.judge_engine=vllm"]) == [
+        ["True", "True"]]
 
 
 VOLATILE = {"started_at", "finished_at", "wall_seconds", "peak_rss_mb", "peak_rss_children_mb", "seal_sha256"}

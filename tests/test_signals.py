@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from test_data_stages import run_stage
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset
@@ -115,19 +116,17 @@ def test_sigterm_to_the_driver_stops_its_stage_and_the_engine_in_order(tmp_path)
 @pytest.mark.slow
 def test_a_sigkilled_stage_leaves_no_engine_behind(tmp_path):
     out, data = tmp_path / "outputs", _data(tmp_path)
+    sets = [x for s in [*SETS, f"data.path={data}"] for x in ("--set", s)]
     for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces"):
-        subprocess.run([sys.executable, f"{stage}.py", "--run_id", "k", "--set", f"outputs_dir={out}",
-                        "--set", f"data.path={data}", *[x for s in SETS for x in ("--set", s)]],
-                       cwd=ROOT, check=True, capture_output=True)
-    cmd = [sys.executable, "04_sft_warmup.py", "--run_id", "k", "--set", f"outputs_dir={out}", "--set",
-           f"data.path={data}", *[x for s in SETS for x in ("--set", s)]]
-    proc, _, below = _start(cmd, out / "k")
+        assert run_stage(stage, out, *sets) == 0  # in this process: only 04 needs one of its own
+    cmd = [sys.executable, "04_sft_warmup.py", "--run_id", "t", "--set", f"outputs_dir={out}", *sets]
+    proc, _, below = _start(cmd, out / "t")
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
     _wait_for(lambda: not [p for p in below if _running(p)], 60, "the engine core to follow its killed stage")
     # the SIGKILLed stage could not write its manifest: it still says "running", and the next run
     # takes its lock over as stale (tests/test_lock.py)
-    assert json.loads((out / "k" / "04_sft_warmup" / "manifest.json").read_text())["status"] == "running"
+    assert json.loads((out / "t" / "04_sft_warmup" / "manifest.json").read_text())["status"] == "running"
 
 
 @pytest.mark.slow
