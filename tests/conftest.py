@@ -6,15 +6,19 @@ torch's two threads on a 2-core box. OpenMP threads that spin while they wait fo
 default) would take the cores from the other worker's, so before anything imports torch, every
 worker and every process it starts is told to sleep instead: a setting of speed, never of numbers."""
 import os
+import re
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
+from xdist.scheduler import LoadFileScheduling  # noqa: E402
 
 from utils.core.config import ROOT
 from utils.core.schema import EngineConfig
 
 BASE = ROOT / "artifacts" / "tiny-arith"
+HERE = Path(__file__).parent
 ENGINE_CFG = EngineConfig(max_lora_rank=8, max_loras=2, memory_share=0.1)  # the tiny model's KV cache is small
 # spawned engine cores: closing an in-process engine tears down vLLM's process-wide parallel groups,
 # which another in-process engine of the same process still needs (tests/test_engines.py keeps its own)
@@ -117,24 +121,44 @@ def protocol_adapter(tmp_path_factory, worker_id):
     return out
 
 
-VLLM_SESSION = {"vllm_engine", "vllm_merged", "any_vllm"}
+
+# a function (test or fixture) that asks for one of this session's vLLM engines
+VLLM_SESSION = re.compile(r"def \w+\([^)]*\b(?:vllm_engine|vllm_merged|any_vllm)\b")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def vllm_session_files() -> set[str]:
+    """The test files (as 'tests/<name>') with a function that asks for a session vLLM engine."""
+    return {f"{HERE.name}/{p.name}" for p in HERE.glob("test_*.py") if VLLM_SESSION.search(p.read_text())}
+
+
+class VllmGroupScheduling(LoadFileScheduling):
+    """pytest-xdist's `loadfile` (a worker takes one whole file at a time), except that the files
+    using the session's vLLM engines form one unit, so the engines start on one worker only (each
+    start is an engine and its memory on a box of 2 cores). xdist's `loadgroup` would do this with
+    marks, but with pytest 9.2 it ignores them (it renames items through an attribute pytest no
+    longer reads)."""
+
+    def __init__(self, config, log=None):
+        super().__init__(config, log)
+        self.vllm_files = vllm_session_files()
+
+    def _split_scope(self, nodeid: str) -> str:
+        scope = super()._split_scope(nodeid)
+        return "vllm-session" if scope in self.vllm_files else scope
+
+
+def pytest_xdist_make_scheduler(config, log):
+    return VllmGroupScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
+
+
 def pytest_collection_modifyitems(items):
-    """Which worker runs what, and in which order (pytest.ini: `--dist loadgroup`, xdist's own
-    reordering off). Every file is one group, so its module fixtures stay in one process; the files
-    that use this session's vLLM engines form a single group, so the engines start on one worker
-    only (each start is an engine and its memory on a box of 2 cores). That group goes first, then
-    the files with more minutes-long (`slow`) tests, then those with more tests: xdist hands each
-    worker two groups at the start and the next one whenever it is free, so the long ones start
-    early and the short ones fill the end."""
+    """The order in which the units above are handed out (pytest.ini turns xdist's own, by number
+    of tests, off): the vLLM unit first, then the files with more minutes-long (`slow`) tests, then
+    those with more tests. xdist gives each worker two units at the start and the next one whenever
+    it is free, so the long ones start early and the short ones fill the end."""
     from collections import Counter
 
-    vllm_files = {item.path for item in items if VLLM_SESSION & set(item.fixturenames)}
+    vllm = {ROOT / name for name in vllm_session_files()}
     slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
     count = Counter(item.path for item in items)
-    for item in items:
-        group = "vllm-session" if item.path in vllm_files else item.path.name
-        item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: (item.path not in vllm_files, -slow[item.path], -count[item.path], str(item.path)))
+    items.sort(key=lambda item: (item.path not in vllm, -slow[item.path], -count[item.path], str(item.path)))
