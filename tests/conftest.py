@@ -153,12 +153,15 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_collection_modifyitems(items):
     """The order in which the units above are handed out (pytest.ini turns xdist's own, by number
-    of tests, off): the vLLM unit first, then the files with more minutes-long (`slow`) tests, then
-    those with more tests. xdist gives each worker two units at the start and the next one whenever
-    it is free, so the long ones start early and the short ones fill the end."""
+    of tests, off): the vLLM unit first (it takes one worker for about 27 minutes on the AVX2 box),
+    then the files made mostly of minutes-long (`slow`) tests, then the others, more tests first.
+    xdist gives a worker its next unit when two or fewer of its tests are left, so the long files
+    start early on the other worker and the short ones fill the end (by number of slow tests
+    instead, the one-test kill-anywhere file came last and ran alone for its last 4 minutes)."""
     from collections import Counter
 
     vllm = {ROOT / name for name in vllm_session_files()}
     slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
     count = Counter(item.path for item in items)
-    items.sort(key=lambda item: (item.path not in vllm, -slow[item.path], -count[item.path], str(item.path)))
+    items.sort(key=lambda item: (item.path not in vllm, -slow[item.path] / count[item.path], -count[item.path],
+                                 str(item.path)))

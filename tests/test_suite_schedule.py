@@ -1,5 +1,6 @@
 """The suite's own scheduling (tests/conftest.py): the files that use the session's vLLM engines
 are one xdist unit, every other file its own, and the vLLM unit is collected first."""
+import os
 import subprocess
 import sys
 
@@ -19,8 +20,9 @@ def test_files_using_the_session_engines_form_one_unit():
 
 
 def test_the_whole_suite_is_collected_vllm_unit_first_and_file_by_file():
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}  # -v would print a tree instead
     proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "0", "-p", "no:cacheprovider", "--collect-only", "-q"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     order = [line.split("::")[0] for line in proc.stdout.splitlines() if "::" in line]
     files = vllm_session_files()
