@@ -1,11 +1,11 @@
 """The suite's own scheduling (tests/conftest.py): the files that use the session's vLLM engines
-are one xdist unit, every other file its own, and the vLLM unit is collected first."""
-import os
-import subprocess
-import sys
+are one xdist unit, every other file its own; the vLLM unit is handed out first, then the files
+made mostly of slow tests, then the others, more tests first, each file's tests together."""
+from types import SimpleNamespace
 
-from conftest import VllmGroupScheduling, vllm_session_files
-from utils.core.config import ROOT
+import pytest
+
+from conftest import HERE, VllmGroupScheduling, pytest_collection_modifyitems, vllm_session_files
 
 
 def test_files_using_the_session_engines_form_one_unit():
@@ -19,13 +19,19 @@ def test_files_using_the_session_engines_form_one_unit():
     assert split("tests/test_losses.py::test_z") == "tests/test_losses.py"
 
 
-def test_the_whole_suite_is_collected_vllm_unit_first_and_file_by_file():
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}  # -v would print a tree instead
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "0", "-p", "no:cacheprovider", "--collect-only", "-q"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    order = [line.split("::")[0] for line in proc.stdout.splitlines() if "::" in line]
-    files = vllm_session_files()
-    assert set(order[:sum(f in files for f in order)]) == files  # every vLLM-unit test before any other
-    runs = [f for i, f in enumerate(order) if i == 0 or order[i - 1] != f]
-    assert len(runs) == len(set(order)) > 30  # each file's tests together
+def _item(name: str, slow: bool = False):
+    mark = pytest.mark.slow.mark if slow else None
+    return SimpleNamespace(path=HERE / name, name=name, get_closest_marker=lambda _: mark)
+
+
+def test_the_vllm_unit_first_then_mostly_slow_files_then_larger_files():
+    items = [_item("test_losses.py"), _item("test_launch.py"), _item("test_launch.py", slow=True),
+             _item("test_launch.py"), _item("test_config.py"), _item("test_kill_anywhere.py", slow=True),
+             _item("test_engines.py"), _item("test_config.py"), _item("test_ray_executor.py"),
+             _item("test_ray_executor.py", slow=True), _item("test_engines.py", slow=True)]
+    pytest_collection_modifyitems(items)
+    assert [i.name for i in items] == [
+        "test_engines.py", "test_engines.py",  # the vLLM unit (one of them, here)
+        "test_kill_anywhere.py", "test_ray_executor.py", "test_ray_executor.py",  # 1/1 slow, 1/2 slow
+        "test_launch.py", "test_launch.py", "test_launch.py",  # 1/3 slow
+        "test_config.py", "test_config.py", "test_losses.py"]  # none slow: two tests, then one
