@@ -157,7 +157,8 @@ def pytest_collection_modifyitems(items):
     then the files made mostly of minutes-long (`slow`) tests, then the others, more tests first.
     xdist gives a worker its next unit when two or fewer of its tests are left, so the long files
     start early on the other worker and the short ones fill the end (by number of slow tests
-    instead, the one-test kill-anywhere file came last and ran alone for its last 4 minutes)."""
+    instead, the one-test kill-anywhere file came last, and the other worker had run out of short
+    files more than 2 minutes before it ended)."""
     from collections import Counter
 
     vllm = {ROOT / name for name in vllm_session_files()}
