@@ -121,7 +121,6 @@ def protocol_adapter(tmp_path_factory, worker_id):
     return out
 
 
-
 # a function (test or fixture) that asks for one of this session's vLLM engines
 VLLM_SESSION = re.compile(r"def \w+\([^)]*\b(?:vllm_engine|vllm_merged|any_vllm)\b")
 
@@ -153,7 +152,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_collection_modifyitems(items):
     """The order in which the units above are handed out (pytest.ini turns xdist's own, by number
-    of tests, off): the vLLM unit first (it takes one worker for about 27 minutes on the AVX2 box),
+    of tests, off): the vLLM unit first (it took one worker for 23–27 minutes on the AVX2 box),
     then the files made mostly of minutes-long (`slow`) tests, then the others, more tests first.
     xdist gives a worker its next unit when two or fewer of its tests are left, so the long files
     start early on the other worker and the short ones fill the end (by number of slow tests
