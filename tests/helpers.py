@@ -15,6 +15,11 @@ from utils.core.stream import Cursor, take
 SHORT_CHAINS = {"min_steps": 2, "max_steps": 3}
 
 
+def set_args(*settings: str) -> list[str]:
+    """Config overrides as command-line flags: ("a=1", "b=2") -> ["--set", "a=1", "--set", "b=2"]."""
+    return [x for s in settings for x in ("--set", s)]
+
+
 def quick_sft(model, examples: list[Example], steps: int, lr: float, batch_size: int, seed: int, pad_id: int) -> list[float]:
     """A plain SFT loop (no checkpoints, no clipping) over the library's loss and data stream."""
     import torch

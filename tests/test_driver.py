@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from helpers import set_args
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset
@@ -23,7 +24,7 @@ RUN = "red"  # a run id that is also a method and a checkpoint name: the driver 
 
 
 def _argv(out, data, method, extra):
-    sets = [x for s in TINY + [f"outputs_dir={out}", f"data.path={data}", *extra] for x in ("--set", s)]
+    sets = set_args(*TINY, f"outputs_dir={out}", f"data.path={data}", *extra)
     return [sys.executable, "09_driver.py", "--method", method, "--run_id", RUN, *sets]
 
 

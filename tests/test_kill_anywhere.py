@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from helpers import set_args
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset
@@ -41,7 +42,7 @@ def _driver(out, data, fault=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("REDCODA_FAULT")}
     if fault:
         env.update(REDCODA_FAULT_STAGE=fault[0], REDCODA_FAULT=fault[1])
-    sets = [x for s in [*SETS, f"outputs_dir={out}", f"data.path={data}"] for x in ("--set", s)]
+    sets = set_args(*SETS, f"outputs_dir={out}", f"data.path={data}")
     proc = subprocess.run([sys.executable, "09_driver.py", "--method", "red", "--run_id", "k", *sets], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=1200, start_new_session=True)
     return proc

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from helpers import set_args
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.core.signals import PARENT_ENV, run_forked, single_threaded
@@ -130,7 +131,7 @@ for argv in json.loads(sys.argv[1]):  # one config after another, in this one pr
 
 def test_the_driver_preloads_vllm_only_for_a_stage_that_samples_with_it():
     def loaded(*configs):
-        argv = json.dumps([[x for s in sets for x in ("--set", s)] for sets in configs])
+        argv = json.dumps([set_args(*sets) for sets in configs])
         proc = subprocess.run([sys.executable, "-c", PRELOAD_PROBE, argv], cwd=ROOT, capture_output=True, text=True,
                               timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
@@ -189,7 +190,7 @@ def test_fork_and_exec_give_the_same_files(tmp_path):
     trees, outs = {}, {}
     for launch in ("fork", "exec"):
         out = outs[launch] = tmp_path / launch
-        sets = [x for s in TINY + [f"outputs_dir={out}", f"data.path={data}"] for x in ("--set", s)]
+        sets = set_args(*TINY, f"outputs_dir={out}", f"data.path={data}")
         proc = subprocess.run([sys.executable, "09_driver.py", "--method", "sft", "--run_id", "r", "--launch", launch,
                                *sets], cwd=ROOT, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from helpers import set_args
 from test_driver import TINY
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
@@ -18,7 +19,7 @@ from utils.ray_executor import branches
 
 
 def _driver(out, data, run, *extra, env=None):
-    sets = [x for s in TINY + [f"outputs_dir={out}", f"data.path={data}"] for x in ("--set", s)]
+    sets = set_args(*TINY, f"outputs_dir={out}", f"data.path={data}")
     cmd = [sys.executable, "09_driver.py", "--method", "fixed_sft,sft", "--seeds", "1,2", "--run_id", run, *sets, *extra]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200,
                           env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import set_args
 from test_data_stages import run_stage
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
@@ -99,7 +100,7 @@ def _data(tmp_path) -> Path:
 @pytest.mark.slow
 def test_sigterm_to_the_driver_stops_its_stage_and_the_engine_in_order(tmp_path):
     out, data = tmp_path / "outputs", _data(tmp_path)
-    sets = [x for s in [*SETS, f"outputs_dir={out}", f"data.path={data}"] for x in ("--set", s)]
+    sets = set_args(*SETS, f"outputs_dir={out}", f"data.path={data}")
     cmd = [sys.executable, "09_driver.py", "--method", "sft", "--run_id", "r", *sets]
     driver, stage, below = _start(cmd, out / "r")
     driver.send_signal(signal.SIGTERM)
@@ -116,7 +117,7 @@ def test_sigterm_to_the_driver_stops_its_stage_and_the_engine_in_order(tmp_path)
 @pytest.mark.slow
 def test_a_sigkilled_stage_leaves_no_engine_behind(tmp_path):
     out, data = tmp_path / "outputs", _data(tmp_path)
-    sets = [x for s in [*SETS, f"data.path={data}"] for x in ("--set", s)]
+    sets = set_args(*SETS, f"data.path={data}")
     for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces"):
         assert run_stage(stage, out, *sets) == 0  # in this process: only 04 needs one of its own
     cmd = [sys.executable, "04_sft_warmup.py", "--run_id", "t", "--set", f"outputs_dir={out}", *sets]
@@ -134,7 +135,7 @@ def test_a_sigkilled_driver_takes_its_running_stage_down_in_order(tmp_path):
     """Only the driver is killed (not its process group): its stage, asked by the kernel for
     SIGTERM when the driver dies, unwinds as under a SIGTERMed driver."""
     out, data = tmp_path / "outputs", _data(tmp_path)
-    sets = [x for s in [*SETS, f"outputs_dir={out}", f"data.path={data}"] for x in ("--set", s)]
+    sets = set_args(*SETS, f"outputs_dir={out}", f"data.path={data}")
     driver, stage, below = _start([sys.executable, "09_driver.py", "--method", "sft", "--run_id", "r", *sets], out / "r")
     driver.send_signal(signal.SIGKILL)
     assert driver.wait(timeout=30) == -signal.SIGKILL
