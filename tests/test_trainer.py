@@ -1,18 +1,16 @@
 """The RED-GRPO trainer: on-policy sampling through vLLM, a stale-sampler negative control,
-non-finite guards, the ablation configs, and SIGKILL + resume matching an uninterrupted run."""
+non-finite guards, the ablation configs, and the matched-SFT arm. A SIGKILLed RL run resuming to an
+uninterrupted one's numbers is checked in tests/test_kill_anywhere.py (a kill mid-rollout and one
+mid-checkpoint, after the step was logged) and, with two ranks, in tests/test_data_parallel.py."""
 import json
-import signal
-import subprocess
-import sys
 
 import pytest
 import torch
 from transformers import AutoTokenizer
 
 from test_sft_stages import prepared  # noqa: F401 - fixture
-from helpers import SHORT_CHAINS, kill_once_logged
+from helpers import SHORT_CHAINS
 from test_data_stages import manifest, run_stage
-from utils.core.config import ROOT
 from utils.agent.rollout import Codec, Rollout, RolloutSpec
 from utils.core.schema import DataConfig, load_run_config
 from utils.data.synthetic import generate_rows
@@ -195,12 +193,17 @@ def test_methods_are_configs_of_one_trainer(method, has_sft, has_rl, hf_engine, 
         assert k in m
 
 
-def _run_05(out, args, run_id, extra=()):
-    cmd = [sys.executable, "05_train_red_grpo.py", "--set", f"outputs_dir={out}", "--run_id", run_id, *args,
-           "--set", "model.engine.name=hf", "--set", "algorithm.rl.steps=6", "--set", "algorithm.rl.save_freq=2",
-           "--set", "algorithm.rl.questions_per_step=2", "--set", "algorithm.rl.n_samples=2",
-           "--set", "wandb_mode=disabled", *extra]
-    return cmd
+def _run_05(out, *args: str) -> int:
+    """05 in this process, as run_stage runs the others (05's script is only a call of run_rl_stage)."""
+    from utils.core.stages import run_main
+    from utils.train.rl_stage import run_rl_stage
+
+    argv = ["--set", f"outputs_dir={out}", "--run_id", "t", *args]
+    return run_main("05_train_red_grpo", lambda: run_rl_stage("05_train_red_grpo", "", argv, default_algorithm="red"))
+
+
+RL_SHORT = ["--set", "model.engine.name=hf", "--set", "algorithm.rl.steps=2", "--set", "algorithm.rl.questions_per_step=2",
+            "--set", "algorithm.rl.n_samples=2", "--set", "wandb_mode=disabled"]
 
 
 def _warm_start(out, args) -> list[str]:
@@ -212,49 +215,18 @@ def _warm_start(out, args) -> list[str]:
     return sft
 
 
-@pytest.mark.slow
-def test_killed_training_resumes_and_matches_an_uninterrupted_run(prepared, tmp_path):  # noqa: F811
-    import shutil
+def test_matched_arm_uses_reds_mean_weight_from_the_same_run(prepared, capsys):  # noqa: F811
     out, args = prepared
-    sft = _warm_start(out, args)
-    shutil.copytree(out / "t", out / "ref")
-    ref = subprocess.run(_run_05(out, args + sft, "ref"), cwd=ROOT, capture_output=True, text=True)
-    assert ref.returncode == 0, ref.stderr
-    metrics = out / "t" / "05_train_red_grpo" / "red" / "metrics.jsonl"
-    code = kill_once_logged(_run_05(out, args + sft, "t"), ROOT, metrics, lines=3, timeout=600)
-    assert code == -signal.SIGKILL, "the run finished before it could be killed"
-    again = subprocess.run(_run_05(out, args + sft, "t"), cwd=ROOT, capture_output=True, text=True)
-    assert again.returncode == 0, again.stderr
-    assert "resuming red from step 2" in again.stdout
-    got = [json.loads(x) for x in metrics.read_text().splitlines()]
-    want = [json.loads(x) for x in (out / "ref" / "05_train_red_grpo" / "red" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in got] == [1, 2, 3, 4, 5, 6]
-    # the training state must match exactly; wall times differ, and the sampler/trainer mismatch is a
-    # float-noise diagnostic (~1e-6) that varies with batch composition, so it gets a tolerance
-    noisy = ("time/", "rollout/logprob_mismatch")
-    strip = lambda m: {k: v for k, v in m.items() if not k.startswith(noisy)}  # noqa: E731
-    assert [strip(m) for m in got] == [strip(m) for m in want]
-    for g, w in zip(got, want):
-        assert abs(g["rollout/logprob_mismatch"] - w["rollout/logprob_mismatch"]) < 1e-4
-    assert manifest(out, "05_train_red_grpo/red")["status"] == "completed"
-
-
-def test_matched_arm_uses_reds_mean_weight_from_the_same_run(prepared, tmp_path):  # noqa: F811
-    out, args = prepared
-    sft = _warm_start(out, args)
-    short = ["--set", "algorithm.rl.steps=2"]
-    early = subprocess.run(_run_05(out, args + sft, "t", ["--algorithm", "matched_sft", *short]), cwd=ROOT,
-                           capture_output=True, text=True)
-    assert early.returncode != 0 and "05_train_red_grpo/red/manifest.json not found" in early.stderr
-    red = subprocess.run(_run_05(out, args + sft, "t", short), cwd=ROOT, capture_output=True, text=True)
-    assert red.returncode == 0, red.stderr
+    rl = [*args, *_warm_start(out, args), *RL_SHORT]
+    capsys.readouterr()
+    assert _run_05(out, *rl, "--algorithm", "matched_sft") == 1
+    assert "05_train_red_grpo/red/manifest.json not found" in capsys.readouterr().err
+    assert _run_05(out, *rl) == 0, capsys.readouterr().err
     weights = [json.loads(x)["red/final_weight"]
                for x in (out / "t" / "05_train_red_grpo" / "red" / "metrics.jsonl").read_text().splitlines()]
     mean = sum(weights) / len(weights)
     assert manifest(out, "05_train_red_grpo/red")["metrics"]["final_weight_mean"] == pytest.approx(mean, abs=1e-6)
-    matched = subprocess.run(_run_05(out, args + sft, "t", ["--algorithm", "matched_sft", *short]), cwd=ROOT,
-                             capture_output=True, text=True)
-    assert matched.returncode == 0, matched.stderr
+    assert _run_05(out, *rl, "--algorithm", "matched_sft") == 0, capsys.readouterr().err
     m = manifest(out, "05_train_red_grpo/matched_sft")
     assert m["metrics"]["red_mean_final_weight"] == pytest.approx(mean, abs=1e-6)
     assert m["metrics"]["sft_loss_coef"] == pytest.approx(0.1 * mean, abs=1e-6)
