@@ -103,7 +103,7 @@ def test_ranks_stop_with_a_killed_launcher_and_the_same_command_resumes(prepared
     assert [r["step"] for r in _log(out, "orphan")] == list(range(1, 61))  # every step once
 
 
-RL = ["--set", "algorithm.rl.steps=3", "--set", "algorithm.rl.questions_per_step=4", "--set", "algorithm.rl.n_samples=2",
+RL = ["--set", "algorithm.rl.steps=2", "--set", "algorithm.rl.questions_per_step=4", "--set", "algorithm.rl.n_samples=2",
       "--set", "algorithm.rl.save_freq=1", "--set", "algorithm.rl.dump_freq=1", "--set", "wandb_mode=disabled"]
 
 
@@ -139,8 +139,8 @@ def test_two_rl_ranks_roll_out_on_their_own_engines_and_resume_after_a_kill(prep
     assert two.returncode == 0, two.stderr[-3000:]
 
     m = json.loads((out / "two" / "05_train_red_grpo" / "red" / "manifest.json").read_text())
-    assert m["status"] == "completed" and m["world_size"] == 2 and m["metrics"]["steps"] == 3
-    assert [r["step"] for r in _rl_out(out, "two", "metrics.jsonl")] == [1, 2, 3]
+    assert m["status"] == "completed" and m["world_size"] == 2 and m["metrics"]["steps"] == 2
+    assert [r["step"] for r in _rl_out(out, "two", "metrics.jsonl")] == [1, 2]
     single, double = _rl_out(out, "one", "episodes/step_1.jsonl"), _rl_out(out, "two", "episodes/step_1.jsonl")
     assert len(double) == 8 and [e["qid"] for e in double] == [e["qid"] for e in single]
     for a, b in zip(single, double):  # the same tokens; log-probs up to the engine's batch composition
@@ -154,7 +154,9 @@ def test_two_rl_ranks_roll_out_on_their_own_engines_and_resume_after_a_kill(prep
     killed = _rl(out, args, "killed", two_ranks(), {"REDCODA_FAULT": "checkpoint:2",
                                                "REDCODA_FAULT_STAGE": "05_train_red_grpo"})
     assert killed.returncode != 0 and "SIGKILL" in killed.stderr
-    assert len(_rl_out(out, "killed", "metrics.jsonl")) == 2  # step 2 logged, its checkpoint cut short
+    # step 2 (the last) logged, its checkpoint cut short: no final adapter
+    assert len(_rl_out(out, "killed", "metrics.jsonl")) == 2
+    assert not (out / "killed" / "05_train_red_grpo" / "red" / "final_adapter").exists()
     resumed = _rl(out, args, "killed", two_ranks())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming red from step 1" in resumed.stdout
