@@ -38,7 +38,7 @@ def main() -> int:
     if adapter is None:
         from tests.helpers import train_gold_adapter
         t0 = time.time()
-        adapter = train_gold_adapter(args.model, Path(tempfile.mkdtemp()) / "adapter")
+        adapter = train_gold_adapter(args.model, Path(tempfile.mkdtemp()) / "adapter", batch_size=32)  # as when its figures were taken
         print(f"trained a protocol adapter in {time.time() - t0:.0f}s")
     rows = [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])]}
             for r in generate_rows(DataConfig(n_train=0, n_val=0, n_test=args.questions, seed=99, **SHORT_CHAINS))["test"]]

@@ -101,7 +101,7 @@ def adapters(tmp_path_factory):
 def protocol_adapter(tmp_path_factory, worker_id):
     """A LoRA adapter briefly SFT-trained on gold traces, so rollouts run several real turns.
 
-    Trained once per test run (165-189 s in the suite on the AVX2 box): under pytest-xdist the first
+    Trained once per test run (about a minute alone on the AVX2 box): under pytest-xdist the first
     worker to ask trains it into the folder the run's workers share, while another that asks waits
     on a file lock. It is seeded, so which worker trains it does not change it."""
     from filelock import FileLock
