@@ -9,7 +9,7 @@ import torch
 from transformers import AutoTokenizer
 
 from test_sft_stages import prepared  # noqa: F401 - fixture
-from helpers import SHORT_CHAINS
+from helpers import SHORT_CHAINS, set_args
 from test_data_stages import manifest, run_stage
 from utils.agent.rollout import Codec, Rollout, RolloutSpec
 from utils.core.schema import DataConfig, load_run_config
@@ -202,14 +202,13 @@ def _run_05(out, *args: str) -> int:
     return run_main("05_train_red_grpo", lambda: run_rl_stage("05_train_red_grpo", "", argv, default_algorithm="red"))
 
 
-RL_SHORT = ["--set", "model.engine.name=hf", "--set", "algorithm.rl.steps=2", "--set", "algorithm.rl.questions_per_step=2",
-            "--set", "algorithm.rl.n_samples=2", "--set", "wandb_mode=disabled"]
+RL_SHORT = set_args("model.engine.name=hf", "algorithm.rl.steps=2", "algorithm.rl.questions_per_step=2",
+                    "algorithm.rl.n_samples=2", "wandb_mode=disabled")
 
 
 def _warm_start(out, args) -> list[str]:
     """Run 03 and a 20-step 04 on the prepared run; returns the SFT flags the RL runs must repeat."""
-    sft = ["--set", "warmup.steps=20", "--set", "warmup.eval_every=0", "--set", "warmup.eval_size=2",
-           "--set", "model.engine.name=hf"]
+    sft = set_args("warmup.steps=20", "warmup.eval_every=0", "warmup.eval_size=2", "model.engine.name=hf")
     assert run_stage("03_generate_sft_traces", out, *args) == 0
     assert run_stage("04_sft_warmup", out, *args, *sft) == 0
     return sft
