@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import free_port
+from helpers import free_port, set_args
 from test_data_stages import run_stage
 from test_sft_stages import _sft_args, prepared  # noqa: F401  (a fixture)
 from utils.core.config import ROOT
@@ -34,7 +34,7 @@ def _log(out, run_id) -> list[dict]:
     return [json.loads(x) for x in (out / run_id / "04_sft_warmup" / "logs" / "train.jsonl").read_text().splitlines()]
 
 
-VLLM_VALIDATION = ["--set", "model.engine.name=vllm", "--set", "warmup.eval_every=6"]
+VLLM_VALIDATION = set_args("model.engine.name=vllm", "warmup.eval_every=6")
 
 
 @pytest.mark.slow
@@ -81,7 +81,7 @@ def test_ranks_stop_with_a_killed_launcher_and_the_same_command_resumes(prepared
     out, args = prepared
     assert run_stage("03_generate_sft_traces", out, *args) == 0
     shutil.copytree(out / "t", out / "orphan")
-    steps = ["--set", "warmup.steps=60"]  # long enough to be cut after step 10, short enough to finish
+    steps = set_args("warmup.steps=60")  # long enough to be cut after step 10, short enough to finish
     cmd = [*two_ranks(), "04_sft_warmup.py", "--set", f"outputs_dir={out}", *args, *_sft_args(steps), "--run_id", "orphan"]
     launcher = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = out / "orphan" / "04_sft_warmup" / "logs" / "train.jsonl"
@@ -103,8 +103,8 @@ def test_ranks_stop_with_a_killed_launcher_and_the_same_command_resumes(prepared
     assert [r["step"] for r in _log(out, "orphan")] == list(range(1, 61))  # every step once
 
 
-RL = ["--set", "algorithm.rl.steps=2", "--set", "algorithm.rl.questions_per_step=4", "--set", "algorithm.rl.n_samples=2",
-      "--set", "algorithm.rl.save_freq=1", "--set", "algorithm.rl.dump_freq=1", "--set", "wandb_mode=disabled"]
+RL = set_args("algorithm.rl.steps=2", "algorithm.rl.questions_per_step=4", "algorithm.rl.n_samples=2",
+              "algorithm.rl.save_freq=1", "algorithm.rl.dump_freq=1", "wandb_mode=disabled")
 
 
 def _rl(out, args, run_id, launch=(), env=None):
