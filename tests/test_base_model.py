@@ -1,5 +1,6 @@
 """The committed tiny-arith base: intact, reproducible, loadable by transformers, peft and vLLM, and
 a real base model (it knows held-out arithmetic that a random init does not)."""
+import pytest
 import torch
 
 from utils.tinyarith.build import DEFAULT_RECIPE, build
@@ -26,7 +27,9 @@ def test_base_knows_heldout_arithmetic_and_random_init_does_not(base_dir, hf_bas
     cfg = _recipe()
     items = heldout_prompts(cfg, cfg.eval_size, seed=cfg.seed + 2)  # the manifest's evaluation set
     acc = greedy_accuracy(hf_base, items)
-    assert acc == read_manifest(base_dir)["metrics"]["heldout_acc"]  # the recorded figure reproduces
+    # the recorded figure reproduces, to one item: the weights are checked bit for bit above, but a
+    # greedy near-tie may fall the other way under another CPU's kernels (it was recorded on one box)
+    assert acc == pytest.approx(read_manifest(base_dir)["metrics"]["heldout_acc"], abs=1.01 / cfg.eval_size)
     assert acc >= 0.5, f"base completes only {acc:.0%} of held-out facts"
     torch.manual_seed(123)
     random_acc = greedy_accuracy(LlamaForCausalLM(llama_config(cfg)), items)
@@ -39,7 +42,8 @@ def test_base_reduces_unseen_task_chains_as_recorded(base_dir, hf_base):
     cfg = _recipe()
     items = chain_prompts(cfg, cfg.eval_size, seed=cfg.seed + 2)  # task-side chains: never in pretraining
     acc = greedy_accuracy(hf_base, items)
-    assert acc == read_manifest(base_dir)["metrics"]["task_chain_reduction_acc"]
+    assert acc == pytest.approx(read_manifest(base_dir)["metrics"]["task_chain_reduction_acc"],
+                                abs=1.01 / cfg.eval_size)  # one item either way, as above
     assert acc >= 0.9, f"base reduces only {acc:.0%} of unseen chains"
 
 

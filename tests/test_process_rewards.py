@@ -139,6 +139,7 @@ def test_the_trainer_adds_verified_step_rewards(hf_engine, protocol_adapter, tmp
     rows, episodes = trainer.last_rollout
     steps = [verifier_rewards(ep, rows[i // 3]) for i, ep in enumerate(episodes)]
     scored = [r for ep in steps for r in ep if r is not None]
+    assert scored, "no delegated step was verified"  # 107 of 120 sampled episodes delegate (AVX-512 box)
     assert m["process/step_reward_mean"] == pytest.approx(sum(scored) / len(scored), rel=1e-5)
 
 

@@ -98,18 +98,85 @@ def test_solution_traces_from_gsm8k_worked_solutions(tmp_path):
     assert not theo or theo[0]["executor_calls"][0] == ["4*3", "<think>4*3=12</think><answer>12</answer>"]
 
 
-def test_teacher_traces_are_rejection_sampled(prepared, protocol_adapter):
+def _oracle(rows, right):
+    """A teacher that is right by construction on the questions in `right` and off by one elsewhere:
+    the planner delegates the whole question, the executor answers it, and the planner returns the
+    executor's result."""
+    gold = {r["question"]: r["answers"][0] for r in rows}
+
+    def respond(role, prompt, call):  # noqa: ARG001 - the same text at every call
+        if role == "executor":
+            question = prompt.removeprefix("solve: ").strip()
+            value = gold[question] if question in right else str(int(gold[question]) + 1)
+            return f"<answer>{value}</answer>"  # no <think>: a 6-step question's would pass the token budget
+        result = re.search(r"<result>(.*?)</result>", prompt)
+        return f"<answer>{result.group(1)}</answer>" if result else f"<task>{prompt.split(chr(10))[0][6:]}</task>"
+    return respond
+
+
+def _train_rows(out):
+    return [json.loads(x) for x in (out / "t" / "01_prepare_dataset" / "train.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("cap", [0, 5])
+def test_teacher_keeps_the_first_correct_episode_per_question(prepared, hf_base, base_dir, monkeypatch, cap):
+    """Rejection sampling on a teacher whose right answers are known: exactly the questions it gets
+    right are kept, once each, in train order, and the acceptance rate is kept / sampled. With
+    traces.max_traces the teacher stops after the batch that reaches the cap (16 questions here,
+    6 of them right: rows 0, 3, ..., 15), and the rate counts only what it sampled."""
+    from utils.agent import engines
+    from scripted import RuleEngine
+
     out, args = prepared
+    rows = _train_rows(out)
+    right = {r["question"] for i, r in enumerate(rows) if i % 3 == 0}
+    teacher = RuleEngine(hf_base, AutoTokenizer.from_pretrained(base_dir), _oracle(rows, right))
+    monkeypatch.setattr(engines, "make_engine", lambda *a, **k: teacher)
     assert run_stage("03_generate_sft_traces", out, *args, "--set", "traces.source=teacher",
+                     "--set", f"traces.teacher_adapter={out.parent / 'teacher'}", "--set", "traces.teacher_samples=2",
+                     "--set", "traces.teacher_batch=16", "--set", f"traces.max_traces={cap}") == 0
+    assert teacher.closed and teacher.adapters == [out.parent / "teacher"]
+    sampled = rows[:16] if cap else rows
+    kept = [r for r in sampled if r["question"] in right]
+    assert len(kept) == (6 if cap else 20)
+    stats = json.loads((out / "t" / "03_generate_sft_traces" / "stats.json").read_text())
+    assert (stats["accepted_episodes"], stats["sampled_episodes"]) == (len(kept), 2 * len(sampled))
+    assert manifest(out, "03_generate_sft_traces")["metrics"]["acceptance_rate"] == round(len(kept) / (2 * len(sampled)), 4)
+    recs = _records(out)
+    assert [r["qid"] for r in recs] == [r["id"] for r in kept][:cap or None]
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    for rec, row in zip(recs, kept):
+        assert rec["source"] == "teacher" and rec["answer"] == row["answers"][0]
+        value = row["answers"][0]  # the executor's answer, returned by the planner
+        assert rec["executor_calls"] == [[row["question"], f"<answer>{value}</answer>"]]
+        planner = next(e for e in rec["examples"] if e["role"] == "planner")
+        assert tok.decode([i for i, m in zip(planner["ids"], planner["mask"]) if m]) == "".join(rec["planner_turns"])
+
+
+def test_teacher_traces_from_a_real_engine(prepared, protocol_adapter, capsys):
+    """The same stage on the real HF engine and the quickly trained protocol adapter, which follows
+    the protocol but rarely gets the arithmetic right. Whether any of its 120 sampled episodes is
+    right depends on the CPU's kernels (none on the Intel AVX-512 box, some on the AVX2 one; the
+    test above pins the counts), so both outcomes are checked: every kept trace is correct, once
+    per question, and the rate is kept / sampled; or the stage fails naming the source, its
+    manifest says failed and no traces file is left."""
+    out, args = prepared
+    code = run_stage("03_generate_sft_traces", out, *args, "--set", "traces.source=teacher",
                      "--set", f"traces.teacher_adapter={protocol_adapter}", "--set", "model.engine.name=hf",
-                     "--set", "traces.teacher_samples=2") == 0
-    m = manifest(out, "03_generate_sft_traces")
-    rate = m["metrics"]["acceptance_rate"]
-    assert 0 < rate <= 0.5  # at most one kept episode per question, of 2 sampled
-    prepared_rows = {json.loads(x)["id"]: json.loads(x) for x in
-                     (out / "t" / "01_prepare_dataset" / "train.jsonl").read_text().splitlines()}
-    for rec in _records(out):
-        assert rec["answer"] == prepared_rows[rec["qid"]]["answers"][0]  # only correct episodes kept
+                     "--set", "traces.teacher_samples=2")
+    stage = out / "t" / "03_generate_sft_traces"
+    if code != 0:
+        err = capsys.readouterr().err
+        assert "no usable traces from 60 rows" in err and "with source 'teacher'" in err
+        assert manifest(out, "03_generate_sft_traces")["status"] == "failed"
+        assert not (stage / "sft_traces.jsonl").exists()
+        return
+    gold = {r["id"]: r["answers"][0] for r in _train_rows(out)}
+    recs = _records(out)
+    assert recs and all(rec["answer"] == gold[rec["qid"]] for rec in recs)  # only correct episodes kept
+    assert len({rec["qid"] for rec in recs}) == len(recs)  # one per question
+    stats = json.loads((stage / "stats.json").read_text())
+    assert (stats["accepted_episodes"], stats["sampled_episodes"]) == (len(recs), 120)
 
 
 def _sft_args(extra=()):
