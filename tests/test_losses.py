@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from utils.train.losses import (AGGREGATIONS, POLICY_LOSSES, RedState, advantages, aggregate, gather_logprobs,
+from utils.train.losses import (AGGREGATIONS, Agg, POLICY_LOSSES, RedState, advantages, aggregate, gather_logprobs,
                                 gspo_loss, k3_kl, policy_loss, ppo_clip_loss, red_update, red_weights,
                                 sft_cross_entropy, tis_weights, token_entropy)
 
@@ -65,7 +65,42 @@ def test_aggregations_by_hand():
     # token-mean: (1+2+3+4+6)/5 = 3.2; seq-mean-token-mean: (2 + 5)/2 = 3.5; sum-norm: (6/4 + 10/4)/2 = 2.0
     assert aggregate("token-mean", X, MASK).item() == pytest.approx(3.2)
     assert aggregate("seq-mean-token-mean", X, MASK).item() == pytest.approx(3.5)
-    assert aggregate("seq-mean-token-sum-norm", X, MASK).item() == pytest.approx(2.0)
+    assert aggregate(Agg("seq-mean-token-sum-norm", horizon=4), X, MASK).item() == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="algorithm.rl.loss_horizon"):
+        aggregate("seq-mean-token-sum-norm", X, MASK)  # no constant: refused, not the padded width
+
+
+def test_seq_mean_counts_each_episode_once_however_many_executor_calls():
+    """Issue 45 case: two episodes with the same advantage and 14 trained tokens each; episode 0 is
+    a planner conversation (8 tokens) and 3 executor calls (2 tokens each), episode 1 a planner
+    conversation (8) and 1 call (6). Per sequence, episode 0's four rows would weigh 4/6 = 0.667
+    against 2/6; per episode each weighs 1/2, as under token-mean."""
+    T = 8
+    lengths, episode = [8, 2, 2, 2, 8, 6], torch.tensor([0, 0, 0, 0, 1, 1])
+    mask = torch.tensor([[1.0] * n + [0.0] * (T - n) for n in lengths])  # [6, 8]
+    weight = {}
+    for name, ep in (("per-sequence", None), ("per-episode", episode)):
+        x = torch.zeros(6, T, requires_grad=True)
+        aggregate(Agg("seq-mean-token-mean", ep), x, mask).backward()
+        weight[name] = [x.grad[episode == e].sum().item() for e in (0, 1)]  # each episode's total weight
+    assert weight["per-sequence"] == pytest.approx([4 / 6, 2 / 6])
+    assert weight["per-episode"] == pytest.approx([0.5, 0.5])
+    x = torch.zeros(6, T, requires_grad=True)
+    aggregate("token-mean", x, mask).backward()
+    assert [x.grad[episode == e].sum().item() for e in (0, 1)] == pytest.approx([0.5, 0.5])
+
+
+def test_sum_norm_divides_by_its_constant_not_the_padded_width():
+    """Issue 45 case: the same sequence gives 1.5 at width 4 and 0.6 with 6 more padding columns
+    when divided by the width; with the constant horizon 4 it gives 1.5 at both widths."""
+    x, m = torch.tensor([[1.0, 2.0, 3.0, 0.0]]), torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    wide_x, wide_m = torch.cat([x, torch.zeros(1, 6)], 1), torch.cat([m, torch.zeros(1, 6)], 1)
+    agg = Agg("seq-mean-token-sum-norm", horizon=4)
+    assert aggregate(agg, x, m).item() == pytest.approx(1.5) == aggregate(agg, wide_x, wide_m).item()
+    # episodes pool their sequences' sums: (6 + 4) / 4 for episode 0, 2 / 4 for episode 1 -> 1.5
+    rows, masks = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [2.0, 0.0, 0.0]]), torch.tensor(
+        [[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    assert aggregate(Agg("seq-mean-token-sum-norm", torch.tensor([0, 0, 1]), 4), rows, masks).item() == pytest.approx(1.5)
 
 
 def test_unknown_names_list_the_valid_ones():
@@ -109,6 +144,7 @@ def test_ppo_loop_matches_vectorised():
 @pytest.mark.parametrize("loss", sorted(POLICY_LOSSES))
 @pytest.mark.parametrize("agg", sorted(AGGREGATIONS))
 def test_masked_tokens_cannot_change_the_loss_or_its_gradients(agg, loss):
+    agg = Agg(agg, torch.tensor([0, 0]), horizon=4)  # both rows one episode: pooled before the mean
     torch.manual_seed(2)
     old, adv, sampler = torch.randn(2, 4), torch.tensor([0.7, -1.2]), torch.randn(2, 4)
     a = torch.randn(2, 4, requires_grad=True)
@@ -302,3 +338,35 @@ def test_red_state_round_trips():
     from dataclasses import asdict
     s = red_update(red_update(RedState(), 1.0, 2.0, 0.99, 0.99), 1.5, 2.5, 0.99, 0.99)
     assert RedState(**asdict(s)) == s and s.steps == 2
+
+
+def test_red_entropy_weight_is_one_for_the_trainers_first_two_steps():
+    """As the trainer runs it (utils/train/grpo_trainer.py _update): step t's weight is computed from
+    the state holding steps 1..t−1, so steps 1 and 2 have no EMA change yet, and step 3 uses the
+    change from step 1 to step 2. Entropies (sft, rl) per step: (2, 3), (1, 2.5), anything; decay
+    0.5: sft 2 -> 1.5 (Δ 0.5), rl 3 -> 2.75 (Δ 0.25): step 3's ratio 2."""
+    state, weights = RedState(), []
+    for h_sft, h_rl in ((2.0, 3.0), (1.0, 2.5), (7.0, 7.0)):
+        weights.append(red_weights(state, 0.5, 5.0, True, 0, 25)["red/entropy_weight"])
+        state = red_update(state, h_sft, h_rl, 0.5, 0.5)
+    assert weights == [1.0, 1.0, pytest.approx(2.0, abs=1e-4)]
+
+
+def test_red_accuracy_counts_only_fully_correct_answers():
+    """Issue 45 case: on F1-scored data partial credit is not accuracy. Four episodes scoring 1, 0.5,
+    0.5 and 0: acc is 1/4 (not the mean F1 0.5), so w_acc = 5^(1 − 0.5) = 2.236, not 5^0 = 1."""
+    from utils.train.grpo import batch_accuracy
+
+    scored = [{"answer": a} for a in (1.0, 0.5, 0.5, 0.0)]
+    assert batch_accuracy(scored) == 0.25
+    w = red_weights(RedState(), batch_accuracy(scored), 5.0, True, 0, 25)
+    assert w["red/accuracy_factor"] == pytest.approx(5 ** 0.5)
+
+
+def test_pass_at_k_is_a_hit_only_for_a_fully_correct_sample():
+    from utils.eval.evaluation import pass_at_k
+
+    scored = [{"qid": "a", "answer": 0.5}, {"qid": "a", "answer": 0.0},  # best F1 0.5: no hit
+              {"qid": "b", "answer": 0.5}, {"qid": "b", "answer": 1.0},  # one sample right: a hit
+              {"qid": "c", "answer": 0.0}, {"qid": "c", "answer": 0.0}]
+    assert pass_at_k(scored) == pytest.approx(1 / 3)

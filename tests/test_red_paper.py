@@ -14,7 +14,7 @@ from utils.agent.traces import OfflineSample, episode_from_trace, examples_from_
 from utils.core.config import ConfigError
 from utils.core.schema import load_run_config
 from utils.train.grpo import build_rl_batch
-from utils.train.losses import AGGREGATIONS, offline_ratio, red_paper_entropy_weight, red_paper_loss
+from utils.train.losses import AGGREGATIONS, Agg, offline_ratio, red_paper_entropy_weight, red_paper_loss
 
 OFF = torch.tensor([False, True])
 
@@ -87,6 +87,7 @@ def test_full_accuracy_imitates_and_the_gradient_vanishes_where_the_group_cannot
 
 @pytest.mark.parametrize("agg", sorted(AGGREGATIONS))
 def test_masked_tokens_cannot_change_the_red_paper_loss(agg):
+    agg = Agg(agg, torch.tensor([0, 1]), horizon=4)
     torch.manual_seed(4)
     old, adv, acc = torch.randn(2, 4) - 1, torch.tensor([0.7, -1.2]), torch.tensor([0.0, 0.4])
     a = (torch.randn(2, 4) - 1).clamp(max=-0.01).requires_grad_(True)

@@ -149,11 +149,11 @@ class RlConfig:
     lr: float = field(1e-4, "Learning rate (chosen on val: 5e-4 and 2e-4 lost accuracy, README).", minimum=0.0)
     clip_low: float = field(0.2, "PPO clip below 1.", minimum=0.0)
     clip_high: float = field(0.28, "PPO clip above 1 (clip-higher, as in DAPO).", minimum=0.0)
-    loss_agg: str = field("token-mean", "How per-token losses are averaged.", LOSS_AGGS)
-    adv_scaling: str = field("none", "Advantage: r - group mean scaled by the group's or batch's std, or "
-                                     "not (none = Dr. GRPO: a 0.1 format gap is not blown up to a correct "
-                                     "answer's size; chosen on val, README), or rloo (r - mean of the "
-                                     "group's other samples; method rloo).", ADV_SCALINGS)
+    loss_agg: str = field("token-mean", "How per-token losses are averaged (seq-mean: over episodes).", LOSS_AGGS)
+    loss_horizon: int = field(1024, "seq-mean-token-sum-norm: the constant an episode's token sum is divided by.", minimum=1)
+    adv_scaling: str = field("none", "Advantage: r - group mean scaled by the group's or batch's std, or not (none = "
+                                     "Dr. GRPO: a 0.1 format gap is not blown up to a correct answer's size; chosen "
+                                     "on val, README), or rloo (r - mean of the group's other samples).", ADV_SCALINGS)
     policy_loss: str = field("ppo_clip", "Policy loss: ppo_clip (per-token ratio) or gspo (one clipped "
                                          "ratio per sequence; method gspo).", POLICY_LOSS_NAMES)
     tis_cap: float = field(0.0, "Truncated importance sampling: weight each token's policy loss by "

@@ -15,6 +15,7 @@ from utils.core.checkpoint import save_weights
 from utils.core.manifest import atomic_write_json
 from utils.core.schema import RunConfig
 from utils.reward.spec import RewardSpec, score_episodes
+from utils.reward.scorers import is_correct
 
 
 def summarize_scores(scored: list[dict]) -> dict:
@@ -111,15 +112,16 @@ def failure_category(record: dict) -> str:
     if status == "answered":
         if not (record["prediction"] or "").strip():
             return "no_answer"
-        return "correct" if record["answer"] >= 1.0 else "wrong_answer"
+        return "correct" if is_correct(record["answer"]) else "wrong_answer"
     return {"max_turns": "hit_max_turns"}.get(status, status)
 
 
 def pass_at_k(scored: list[dict]) -> float:
-    """Share of questions with at least one correct sample among their scored episodes."""
+    """Share of questions with at least one fully correct sample among their scored episodes (an
+    F1 of 0.5 is no hit)."""
     hit: dict = {}
     for r in scored:
-        hit[r["qid"]] = max(hit.get(r["qid"], 0.0), r["answer"])
+        hit[r["qid"]] = max(hit.get(r["qid"], 0.0), float(is_correct(r["answer"])))
     return round(sum(hit.values()) / max(len(hit), 1), 6)
 
 

@@ -122,6 +122,12 @@ def _plot_phases(plt, evals, trainings, many_runs):
     return "time_per_phase.png", fig
 
 
+def _train_accuracy(metrics: dict) -> float | None:
+    """A step's share of fully correct rollouts; runs from before `train/accuracy` logged the mean
+    answer score instead (the same on exact-match scorers)."""
+    return metrics.get("train/accuracy", metrics.get("answer_f1/mean"))
+
+
 def _phase_mean(t: Training, phase: str) -> float:
     vals = [h[phase] for h in t.history if phase in h]
     return sum(vals) / len(vals) if vals else 0.0
@@ -274,8 +280,8 @@ def _training_section(trainings: list[Training]) -> list[str]:
         rows.append([t.run, fmt(t.seed), t.method, len(t.history),
                      fmt(rl[0]["critic/rewards/mean"], 3) if rl else "—",
                      fmt(rl[-1]["critic/rewards/mean"], 3) if rl else "—",
-                     fmt(rl[0]["answer_f1/mean"], 3) if rl else "—",
-                     fmt(rl[-1]["answer_f1/mean"], 3) if rl else "—",
+                     fmt(_train_accuracy(rl[0]), 3) if rl else "—",
+                     fmt(_train_accuracy(rl[-1]), 3) if rl else "—",
                      fmt(t.manifest.get("wall_seconds"), 1) if t.manifest else "—"]
                     + [fmt(phase[p], 2) for p in PHASES])
     lines += [_table(["run", "seed", "method", "steps", "reward first", "reward last", "train acc first",

@@ -116,6 +116,12 @@ SCORERS: dict[str, Callable[..., Scored]] = {
 }
 
 
+def is_correct(score: float) -> bool:
+    """A fully correct answer: score 1 (F1's partial credit is not correct). RED's batch accuracy,
+    red_paper's group accuracy and pass@k count these; mean scores stay in the logs."""
+    return score >= 1.0
+
+
 def get_scorer(name: str) -> Callable[..., Scored]:
     if name not in SCORERS:
         raise KeyError(f"unknown scorer '{name}'; valid: {', '.join(sorted(SCORERS))}")

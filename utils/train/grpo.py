@@ -30,15 +30,17 @@ from utils.agent.episode import Episode, episode_sequences
 from utils.agent.protocol import PLANNER
 from utils.core.schema import TRAIN_ROLES
 from utils.core.tensors import pad
-from utils.train.losses import (advantages, aggregate, k3_kl, policy_loss, red_paper_entropy_weight, red_paper_loss,
+from utils.reward.scorers import is_correct
+from utils.train.losses import (Agg, advantages, aggregate, k3_kl, policy_loss, red_paper_entropy_weight, red_paper_loss,
                                 red_weights)
 from utils.train.policy import forward_logprobs, sft_terms
 
 
 @dataclass
 class RlBatch:
-    """Padded training sequences of one rollout batch. ids/mask/sampler_lp [S, T]; adv [S]; with
-    red_paper, `offline` [S] marks expert sequences and `accuracy` [S] is their group's accuracy."""
+    """Padded training sequences of one rollout batch. ids/mask/sampler_lp [S, T]; adv [S]; `episode`
+    [S] the episode (or expert trace) each sequence came from; with red_paper, `offline` [S] marks
+    expert sequences and `accuracy` [S] is their group's accuracy."""
 
     ids: torch.Tensor
     attn: torch.Tensor
@@ -49,6 +51,7 @@ class RlBatch:
     offline: torch.Tensor | None = None  # [S] bool
     accuracy: torch.Tensor | None = None  # [S]
     token_adv: torch.Tensor | None = None  # [S, T-1]: with process rewards, per-token advantages
+    episode: torch.Tensor | None = None  # [S] long
 
     def to(self, device) -> "RlBatch":
         """The batch with every tensor on `device` (the policy's)."""
@@ -78,9 +81,9 @@ def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int, role
     if roles not in TRAIN_ROLES:
         raise ValueError(f"roles must be {', '.join(TRAIN_ROLES[:-1])} or {TRAIN_ROLES[-1]}, got {roles!r}")
     bonus = turn_bonus or [[] for _ in episodes]
-    seqs = [(ex, a, None, _token_advantages(ep, ex, a, b) if turn_bonus is not None else None)
-            for ep, a, b in zip(episodes, adv.tolist(), bonus) for ex in episode_sequences(ep)]
-    seqs += [(ex, a, acc, [a] * len(ex.ids)) for ex, a, acc in offline]
+    seqs = [(ex, a, None, _token_advantages(ep, ex, a, b) if turn_bonus is not None else None, i)
+            for i, (ep, a, b) in enumerate(zip(episodes, adv.tolist(), bonus)) for ex in episode_sequences(ep)]
+    seqs += [(ex, a, acc, [a] * len(ex.ids), len(episodes) + j) for j, (ex, a, acc) in enumerate(offline)]
     seqs = [s for s in seqs if sum(s[0].mask) and roles in ("both", s[0].role)]
     if not seqs:
         return None
@@ -91,7 +94,12 @@ def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int, role
     # position t of ids is predicted from position t-1: shift the token-aligned mask and log-probs
     return RlBatch(ids, attn, mask[:, 1:], lp[:, 1:], torch.tensor([s[1] for s in seqs]),
                    [s[0].role for s in seqs], torch.tensor([s[2] is not None for s in seqs]),
-                   torch.tensor([s[2] or 0.0 for s in seqs]), token_adv)
+                   torch.tensor([s[2] or 0.0 for s in seqs]), token_adv, torch.tensor([s[4] for s in seqs]))
+
+
+def _agg(rl, batch: RlBatch) -> Agg:
+    """The configured aggregation over this batch's episodes (utils/train/losses.py Agg)."""
+    return Agg(rl.loss_agg, batch.episode, rl.loss_horizon)
 
 
 @dataclass
@@ -112,7 +120,7 @@ def _offline_policy_loss(logp, old_lp, ent, h_rl: float, batch: RlBatch, alg,
                                  alg.red_paper.entropy_weight_max)
     adv = torch.where(off, batch.adv * w, batch.adv)
     pg, stats = red_paper_loss(logp, old_lp, adv, batch.mask, off, batch.accuracy, rl.clip_low, rl.clip_high,
-                               rl.loss_agg, alg.red_paper.policy_shift)
+                               _agg(rl, batch), alg.red_paper.policy_shift)
     return pg, {**stats, "entropy_weight": w, "h_sft": h_sft, "h_rl": h_rl}
 
 
@@ -136,7 +144,7 @@ def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor, sft: tuple | None
     else:
         adv = batch.token_adv if batch.token_adv is not None else batch.adv
         pg, pg_stats = policy_loss(rl.policy_loss, logp, old_lp, adv, batch.mask, rl.clip_low, rl.clip_high,
-                                   rl.loss_agg, sampler_logp=batch.sampler_lp, tis_cap=rl.tis_cap)
+                                   _agg(rl, batch), sampler_logp=batch.sampler_lp, tis_cap=rl.tis_cap)
     loss = pg - rl.entropy_coef * h_rl
     mismatch = ((old_lp - batch.sampler_lp).abs() * rollout_mask).sum() / rollout_mask.sum().clamp(min=1)
     stats = {"actor/pg_loss": pg.item(), "actor/rl_entropy": h_rl.item(), "actor/clip_frac": pg_stats["clip_frac"],
@@ -147,7 +155,7 @@ def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor, sft: tuple | None
     if rl.kl_coef > 0:
         if ref_lp is None:
             raise ValueError("algorithm.rl.kl_coef > 0 needs the reference log-probs (add_reference)")
-        kl = aggregate(rl.loss_agg, k3_kl(logp, ref_lp), batch.mask)
+        kl = aggregate(_agg(rl, batch), k3_kl(logp, ref_lp), batch.mask)
         loss = loss + rl.kl_coef * kl
         stats["actor/kl"] = kl.item()
     if sft is not None:
@@ -163,6 +171,11 @@ def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor, sft: tuple | None
 
 def group_advantages(rewards: list[float], n: int, scaling: str) -> torch.Tensor:
     return advantages(scaling, torch.tensor(rewards, dtype=torch.float), n)
+
+
+def batch_accuracy(scored: list[dict]) -> float:
+    """RED's `acc`: the share of scored episodes whose answer is fully correct (an F1 of 0.5 counts 0)."""
+    return sum(is_correct(s["answer"]) for s in scored) / max(len(scored), 1)
 
 
 def zero_variance_fraction(rewards: list[float], n: int) -> float:

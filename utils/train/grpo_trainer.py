@@ -29,9 +29,10 @@ from utils.agent.episode import dump_episodes
 from utils.agent.rollout import Rollout
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
 from utils.core.stream import Cursor, take
+from utils.reward.scorers import is_correct
 from utils.reward.spec import score_answer, score_episodes
 from utils.train.guard import SkipStreak, guarded_step, zero_loss
-from utils.train.grpo import build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
+from utils.train.grpo import batch_accuracy, build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
 from utils.reward.process import verifier_rewards
 from utils.train.losses import RedState, process_advantages, red_update
 from utils.train.policy import forward_logprobs, policy_device, reference_logprobs, sft_batch, sft_terms
@@ -206,7 +207,7 @@ class GrpoTrainer:
         scored = score_episodes(episodes, self.spec)
         rewards = [s["reward"] for s in scored]
         everyone = self.world.concat(scored)  # the whole step's episodes, every rank's
-        accuracy = sum(s["answer"] for s in everyone) / len(everyone)
+        accuracy = batch_accuracy(everyone)
         group_rewards, experts = self._insert_offline(rows, scored, rewards) if self.offline else (rewards, [])
         adv = group_advantages(group_rewards, rl.n_samples, rl.adv_scaling)
         if not all(math.isfinite(r) for r in group_rewards):
@@ -255,7 +256,7 @@ class GrpoTrainer:
                                          sample.n_tokens, sample.subtasks)
             group_rewards[i] = reward
             answers = [s["answer"] for s in scored[g * n:i]] + [comps["answer"]]
-            experts.append((i, sample, sum(answers) / n))
+            experts.append((i, sample, sum(map(is_correct, answers)) / n))
         return group_rewards, experts
 
     def _process_bonus(self, rows: list[dict], episodes: list) -> tuple[list[list[float]], dict]:
@@ -299,7 +300,7 @@ class GrpoTrainer:
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3f}" for k in
-                                      ("critic/rewards/mean", "answer_f1/mean", "actor/sft_loss") if k in metrics})
+                                      ("critic/rewards/mean", "train/accuracy", "actor/sft_loss") if k in metrics})
             if self.state.step % self.alg.rl.save_freq == 0 or self.state.step == self.alg.rl.steps:
                 self.save()
         self.model.eval()
@@ -313,7 +314,8 @@ def _step_metrics(step: int, scored: list[dict], rewards: list[float], accuracy:
     n = len(scored)
     metrics = {
         "step": step, "critic/rewards/mean": sum(rewards) / n,
-        "answer_f1/mean": accuracy, "format_scores/mean": sum(s["format"] for s in scored) / n,
+        "train/accuracy": accuracy, "answer_f1/mean": sum(s["answer"] for s in scored) / n,
+        "format_scores/mean": sum(s["format"] for s in scored) / n,
         "train/zero_variance_groups": zero_variance_fraction(rewards, group),
         "train/skipped_nonfinite": skipped, "rollout/logprob_mismatch": mismatch,
         "rollout/turns_per_episode": sum(s["turns"] for s in scored) / n,

@@ -20,8 +20,10 @@ Departures and choices, stated once:
   trainer's (bf16 engines): each token's policy loss is multiplied by the detached
   min(π_trainer_old / π_sampler, cap), per token for PPO-clip, per sequence (geometric mean) for
   GSPO. In fp32 on CPU the two agree to ~1e-6, so the weights are 1 here.
-- `seq-mean-token-sum-norm` divides each sequence's token sum by the horizon T (Dr. GRPO), so the
-  loss does not depend on response-length normalisation.
+- The seq-mean aggregations average over *episodes*: an episode's trained tokens (its planner
+  conversation and every executor call, each a sequence of its own) are pooled first, so an
+  episode counts once however many subtasks it delegated. `seq-mean-token-sum-norm` divides each
+  episode's token sum by a configured constant (Dr. GRPO), not by the batch's padded width.
 - The KL to the reference is the k3 estimator, exp(ref - logp) - (ref - logp) - 1, from
   J. Schulman, "Approximating KL Divergence" (http://joschu.net/blog/kl-approx.html).
 - `red_paper` (Guan et al. 2025, "Recall-Extend Dynamics", arXiv 2508.16677, as its released code
@@ -34,7 +36,9 @@ Departures and choices, stated once:
   expert sequence is aggregated like every rollout (the code divides every sequence's token sum
   by a constant 3000).
 - RED Part 1 compares changes of EMAs of the *same* estimator (full-distribution token entropy)
-  on RL tokens and SFT tokens; the first step has no change yet and uses w_entropy = 1.
+  on RL tokens and SFT tokens. Step t's weight uses the EMA change from step t−2 to t−1 (step t's
+  own entropies come from the forward pass of its loss, and are averaged across ranks after it),
+  so steps 1 and 2 use w_entropy = 1.
 """
 from __future__ import annotations
 
@@ -95,23 +99,50 @@ ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {"group": adv_group, "batch
 # ---------------------------------------------------------------- aggregation
 
 
-def agg_token_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+@dataclass(frozen=True)
+class Agg:
+    """A loss aggregation: its registered name, plus what the seq-mean modes need. `episode` [B]:
+    the episode each row belongs to (None: every row is its own), so that an episode counts once
+    however many executor calls it made; `horizon`: seq-mean-token-sum-norm's constant divisor."""
+    name: str
+    episode: torch.Tensor | None = None
+    horizon: float | None = None
+
+
+def _per_episode(x: torch.Tensor, mask: torch.Tensor, episode: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token sum, token count) per episode that has a trained token -> ([E], [E])."""
+    sums, counts = (x * mask).sum(-1), mask.sum(-1)  # [B]
+    if episode is not None:
+        ids, inverse = torch.unique(episode, return_inverse=True)
+        sums = torch.zeros(len(ids), dtype=sums.dtype, device=sums.device).index_add(0, inverse, sums)
+        counts = torch.zeros(len(ids), dtype=counts.dtype, device=counts.device).index_add(0, inverse, counts)
+    keep = counts > 0
+    return sums[keep], counts[keep]
+
+
+def agg_token_mean(x: torch.Tensor, mask: torch.Tensor, episode=None, horizon=None) -> torch.Tensor:  # noqa: ARG001
     """Mean over all trained tokens of the batch. x, mask [B, T] -> scalar."""
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
-def agg_seq_mean_token_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over sequences of each sequence's token mean (sequences without tokens count 0)."""
-    per_seq = (x * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
-    return per_seq.mean()
+def agg_seq_mean_token_mean(x: torch.Tensor, mask: torch.Tensor, episode=None, horizon=None) -> torch.Tensor:  # noqa: ARG001
+    """Mean over episodes of each episode's token mean (its planner conversation and executor calls
+    pooled). x, mask [B, T], episode [B] -> scalar; 0 without a trained token."""
+    sums, counts = _per_episode(x, mask, episode)
+    return (sums / counts).mean() if len(sums) else x.sum() * 0
 
 
-def agg_seq_mean_token_sum_norm(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over sequences of each sequence's token sum divided by the horizon T (Dr. GRPO)."""
-    return ((x * mask).sum(-1) / mask.shape[-1]).mean()
+def agg_seq_mean_token_sum_norm(x: torch.Tensor, mask: torch.Tensor, episode=None, horizon=None) -> torch.Tensor:
+    """Mean over episodes of each episode's token sum divided by the constant `horizon` (Dr. GRPO:
+    not by the batch's padded width, which changes from step to step) -> scalar."""
+    if not horizon or horizon <= 0:
+        raise ValueError("seq-mean-token-sum-norm divides by a constant: give a horizon > 0 "
+                         "(algorithm.rl.loss_horizon)")
+    sums, _ = _per_episode(x, mask, episode)
+    return (sums / horizon).mean() if len(sums) else x.sum() * 0
 
 
-AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+AGGREGATIONS: dict[str, Callable[..., torch.Tensor]] = {
     "token-mean": agg_token_mean,
     "seq-mean-token-mean": agg_seq_mean_token_mean,
     "seq-mean-token-sum-norm": agg_seq_mean_token_sum_norm,
@@ -128,8 +159,10 @@ def advantages(name: str, rewards: torch.Tensor, group_size: int) -> torch.Tenso
     return get(ADVANTAGES, name, "advantage scaling")(rewards, group_size)
 
 
-def aggregate(name: str, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return get(AGGREGATIONS, name, "loss aggregation")(x, mask)
+def aggregate(agg: "str | Agg", x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`agg` by name (every row its own episode, no horizon) or as an `Agg`."""
+    agg = Agg(agg) if isinstance(agg, str) else agg
+    return get(AGGREGATIONS, agg.name, "loss aggregation")(x, mask, agg.episode, agg.horizon)
 
 # ---------------------------------------------------------------- policy loss, KL, entropy, SFT
 
@@ -145,7 +178,7 @@ def _ppo_clip_tokens(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tens
 
 
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                  clip_low: float, clip_high: float, agg: str,
+                  clip_low: float, clip_high: float, agg: "str | Agg",
                   is_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """PPO-clip with asymmetric clipping (clip-higher, DAPO).
 
@@ -170,7 +203,7 @@ def _seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-              clip_low: float, clip_high: float, agg: str,
+              clip_low: float, clip_high: float, agg: "str | Agg",
               is_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """GSPO: one ratio per sequence, s = exp(mean over its trained tokens of (logp - old_logp)),
     clipped at the sequence level: max(-A·s, -A·clip(s, 1-clip_low, 1+clip_high)), times the
@@ -212,7 +245,7 @@ POLICY_LOSSES: dict[str, tuple[Callable[..., tuple[torch.Tensor, dict]], str]] =
 
 
 def policy_loss(name: str, logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                clip_low: float, clip_high: float, agg: str, sampler_logp: torch.Tensor | None = None,
+                clip_low: float, clip_high: float, agg: "str | Agg", sampler_logp: torch.Tensor | None = None,
                 tis_cap: float = 0.0) -> tuple[torch.Tensor, dict]:
     """The registered policy loss `name`, with truncated importance sampling against the sampler's
     log-probs when tis_cap > 0 (stats gain "tis_weight_mean" and "tis_clip_frac", over trained tokens)."""
@@ -276,7 +309,7 @@ def offline_ratio(logp: torch.Tensor, accuracy: torch.Tensor, shift: str) -> tor
 
 
 def red_paper_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                   offline: torch.Tensor, accuracy: torch.Tensor, clip_low: float, clip_high: float, agg: str,
+                   offline: torch.Tensor, accuracy: torch.Tensor, clip_low: float, clip_high: float, agg: "str | Agg",
                    shift: str = "accuracy") -> tuple[torch.Tensor, dict]:
     """The policy loss with expert sequences inside the groups: rows where `offline` [B] (bool) is
     true are expert tokens, with per-token loss −A·offline_ratio (unclipped, as in the paper's code);
@@ -361,7 +394,8 @@ def red_weights(state: RedState, batch_accuracy: float, G: float, accuracy_aware
     """RED Part 1 and Part 2 from the state after the latest update.
 
     w_entropy = clamp(|ΔH_sft| / (|ΔH_rl| + eps), 1, G), ΔH the last step-to-step change of each EMA
-    (1 while there is no change yet); w_acc = G^(1 - 2·acc) if accuracy_aware else 1;
+    (1 while there is no change yet: the trainer's steps 1 and 2, since `state` holds the updates of
+    the steps before this one); w_acc = G^(1 - 2·acc) if accuracy_aware else 1;
     final = clamp(w_entropy · w_acc, weight_min, weight_max).
     """
     if state.prev_ema_sft is None or state.prev_ema_rl is None:
