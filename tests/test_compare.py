@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from utils.eval.compare import config_diff
-from utils.eval.stats import holm, mean_ci_across_seeds, paired_bootstrap, verdict
+from utils.eval.stats import holm, mean_ci_across_seeds, paired_test, verdict
 from utils.core.config import ROOT
 
 FIELDS = ("accuracy", "format", "answered", "reward", "turns", "subtasks", "tokens_planner", "tokens_executor")
@@ -73,17 +73,23 @@ def test_summary_and_report_carry_the_metrics_json_numbers(tmp_path):
     assert "| run | seed | method | 2 subtasks | 10 subtasks |" in report
     # across seeds: red 16/20 and 17/20 -> mean 0.825; grpo 0.5 both seeds
     # (t-interval over 2 seeds: 0.825 ± 12.706·0.0354/√2, clipped to [0, 1]; grpo has no spread)
-    assert "| r | red | 2 | 0.8250 | 0.5074–1.0000 | 0.8000 | 0.8500 |" in report
+    assert "| r | red | 2 | 0.8250 | 0.5073–1.0000 | 0.8000 | 0.8500 |" in report
     assert "| r | grpo | 2 | 0.5000 | 0.5000–0.5000 |" in report
-    # paired over (seed, item), seeds then items: red - sft_warmup = 33/40 on 2 seeds, clearly better
+    # paired over (seed, item), a t-test over the 2 seeds' differences (0.80, 0.85): t = 33 on 1 df, p 0.019
     assert "| r | red − sft_warmup | 2 | 40 | 0.8250 |" in report
-    assert "red vs sft_warmup: **better** (red − sft_warmup = 0.8250 on 40 shared items over 2 seed(s)" in report
-    assert "red vs grpo: **better**" in report
+    # sd 0.0354: t = 0.825 / (0.0354/√2) = 33.0, p 0.0193; Holm over the two comparisons with red 0.0386
+    assert ("| r | red − sft_warmup | 2 | 40 | 0.8250 | 0.5073–1.0000 | 0.7000–0.9250 | 0.3521 | 0.0193 | 0.0386 | "
+            "better |") in report
+    assert ("red vs sft_warmup: **better** (red − sft_warmup = 0.8250 on 40 shared items over 2 seed(s), paired t "
+            "over 2 seeds (df 1), 95% CI 0.5073 to 1.0000, MDE 0.3521") in report
+    assert "red vs grpo: **better**" in report  # per seed 0.30 and 0.35: t = 13.0, p 0.0489
     # the second family: each trained method against the warmup it started from (grpo 10/20 vs 0/20)
     warmup = report.split("## Did training improve on its start")[1].split("\n## ")[0]
     assert "| r | grpo − sft_warmup | 2 | 40 | 0.5000 |" in warmup and "| r | red − sft_warmup |" in warmup
     assert "red − grpo" not in warmup
-    assert "grpo vs sft_warmup: **better** (grpo − sft_warmup = 0.5000 on 40 shared items over 2 seed(s)" in report
+    # grpo 10/20 on both seeds: the seeds agree exactly, so the spread is the items' own (se 0.1147):
+    # t = 0.5 / (0.1147/√2) = 6.16 on 1 df, p 0.10: two seeds cannot show it
+    assert "grpo vs sft_warmup: **no evidence either way** (grpo − sft_warmup = 0.5000 on 40 shared items over 2 seed(s)" in report
     assert "`0.0005`" in report and "`0.001`" in report  # the trainer configs differ in algorithm.rl.lr
     for name in ("reward_vs_step", "test_accuracy", "red_dynamics", "time_per_phase"):
         png = out / "plots" / f"{name}.png"
@@ -93,30 +99,68 @@ def test_summary_and_report_carry_the_metrics_json_numbers(tmp_path):
     assert manifest["status"] == "completed" and len(manifest["config"]["evaluations"]) == 6
 
 
-def test_paired_bootstrap_on_known_cases():
-    same = paired_bootstrap({(1, i): float(i % 2) for i in range(50)}, {(1, i): float(i % 2) for i in range(50)})
+def test_one_seed_item_bootstrap_on_known_cases():
+    same = paired_test({(1, i): float(i % 2) for i in range(50)}, {(1, i): float(i % 2) for i in range(50)})
     assert same["diff"] == 0.0 and same["p_value"] == 1.0 and not same["significant"]
-    better = paired_bootstrap({(1, i): 1.0 for i in range(30)}, {(1, i): 0.0 for i in range(30)})
-    assert better["diff"] == 1.0 and better["ci95_low"] == 1.0 and better["p_value"] == 0.0 and better["significant"]
+    # 30 wins, no loss: every resample is +1, yet p is (0 + 1) / (10000 + 1) per tail, never 0
+    better = paired_test({(1, i): 1.0 for i in range(30)}, {(1, i): 0.0 for i in range(30)})
+    assert better["test"] == "paired item bootstrap (1 seed)" and better["diff"] == 1.0 and better["ci95_low"] == 1.0
+    assert better["p_value"] == round(2 / 10001, 6) > 0 and better["significant"]
+    # issue 45's case: 1 seed, 20 wins against 0 losses on 50 items
+    twenty = paired_test({(1, i): float(i < 20) for i in range(50)}, {(1, i): 0.0 for i in range(50)}, 2000)
+    assert twenty["p_value"] == round(2 / 2001, 6)
     # one discordant pair in 40: the CI touches 0, not significant
-    one = paired_bootstrap({(1, i): float(i == 0) for i in range(40)}, {(1, i): 0.0 for i in range(40)})
+    one = paired_test({(1, i): float(i == 0) for i in range(40)}, {(1, i): 0.0 for i in range(40)})
     assert one["diff"] == 0.025 and one["ci95_low"] == 0.0 and not one["significant"]
     # only shared keys are paired
-    assert paired_bootstrap({(1, 1): 1.0, (1, 2): 1.0}, {(1, 2): 0.0, (1, 3): 0.0})["n"] == 1
-    assert paired_bootstrap({(1, 1): 1.0}, {(1, 2): 0.0})["n"] == 0
+    assert paired_test({(1, 1): 1.0, (1, 2): 1.0}, {(1, 2): 0.0, (1, 3): 0.0})["n"] == 1
+    assert paired_test({(1, 1): 1.0}, {(1, 2): 0.0})["n"] == 0
 
 
-def test_paired_bootstrap_carries_seed_to_seed_variance():
-    """Three seeds whose item-level gaps disagree (+0.5, +0.1, -0.3): pooling items as independent
-    would call red better; resampling seeds first widens the CI across zero."""
-    gaps = {1: 10, 2: 2, 3: -6}  # items out of 20 on which red wins (+) or loses (-)
-    a = {(s, i): float(0 <= i < g) for s, g in gaps.items() for i in range(20)}
-    b = {(s, i): float(0 <= i < -g) for s, g in gaps.items() for i in range(20)}
-    seeded = paired_bootstrap(a, b, 4000, 0)
+def _seeded(wins: dict[int, int], items: int = 200) -> tuple[dict, dict]:
+    """Scores on `items` items per seed where a wins (+) or loses (−) on |wins[seed]| items."""
+    a = {(s, i): float(0 <= i < g) for s, g in wins.items() for i in range(items)}
+    b = {(s, i): float(0 <= i < -g) for s, g in wins.items() for i in range(items)}
+    return a, b
+
+
+def test_several_seeds_use_a_t_test_over_the_per_seed_differences():
+    """Issue 45's case: per-seed differences +0.015, +0.030, +0.050 (3, 6 and 10 wins of 200). The
+    hierarchical bootstrap gave Holm p 0.031; the paired t over three seeds is t = 3.12 with 2 df,
+    p = 0.089 (a t table's 0.05 point is 4.303): no evidence either way."""
+    t = paired_test(*_seeded({1: 3, 2: 6, 3: 10}), 2000)
+    assert t["test"] == "paired t over 3 seeds (df 2)" and t["per_seed"] == [0.015, 0.03, 0.05]
+    assert t["diff"] == pytest.approx(0.031667, abs=1e-6) and t["p_value"] == pytest.approx(0.0890, abs=5e-4)
+    assert not t["significant"] and t["ci95_low"] < 0 < t["ci95_high"]
+    # sd 0.01756: half-width 4.303·0.01756/√3 = 0.04362; MDE (4.303 + 1.061)·0.01756/√3 = 0.0544
+    assert t["ci95_high"] - t["diff"] == pytest.approx(0.04362, abs=1e-4) and t["mde"] == pytest.approx(0.0544, abs=2e-4)
+    assert 0 < t["item_ci95_low"] < t["diff"] < t["item_ci95_high"]  # within seeds the items alone exclude 0
+    # consistent seeds, +0.05 on each of 3: no spread between them, so the spread is the items' own,
+    # se √(0.05·0.95·200/199 / 200) = 0.01545: t = 0.05 / (0.01545/√3) = 5.61 on 2 df, p 0.030
+    flat = paired_test(*_seeded({1: 10, 2: 10, 3: 10}), 200)
+    assert flat["p_value"] == pytest.approx(0.0303, abs=5e-4) and flat["significant"]
+
+
+def test_seed_to_seed_disagreement_widens_the_interval():
+    """Three seeds whose gaps disagree (+0.5, +0.1, −0.3 on 20 items): pooling the items as one seed
+    would call a better; the test over seeds does not."""
+    a, b = _seeded({1: 10, 2: 2, 3: -6}, 20)
+    seeded = paired_test(a, b, 4000, 0)
     assert seeded["seeds"] == 3 and seeded["n"] == 60 and seeded["diff"] == pytest.approx(0.1)
     assert seeded["ci95_low"] < 0 < seeded["ci95_high"] and not seeded["significant"]
-    pooled = paired_bootstrap({(0, k): v for k, v in a.items()}, {(0, k): v for k, v in b.items()}, 4000, 0)
+    pooled = paired_test({(0, k): v for k, v in a.items()}, {(0, k): v for k, v in b.items()}, 4000, 0)
     assert pooled["seeds"] == 1 and pooled["ci95_high"] - pooled["ci95_low"] < seeded["ci95_high"] - seeded["ci95_low"]
+
+
+def test_t_distribution_against_table_values():
+    from utils.eval.stats import t_quantile, t_two_sided_p
+
+    # two-sided 5% points of a t table, df 1-5, 10 and 30
+    for df, t in ((1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (10, 2.228), (30, 2.042)):
+        assert t_two_sided_p(t, df) == pytest.approx(0.05, abs=2e-4)
+        assert t_quantile(0.975, df) == pytest.approx(t, abs=2e-3)
+    assert t_two_sided_p(1.0, 1) == pytest.approx(0.5) and t_two_sided_p(0.0, 3) == pytest.approx(1.0)
+    assert t_quantile(0.8, 2) == pytest.approx(1.061, abs=1e-3)  # 80% one-sided point, df 2
 
 
 def test_holm_and_verdicts_by_hand():
@@ -171,3 +215,19 @@ def test_accuracy_by_gold_subtasks_separates_recall_from_extension():
               {"qid": "d", "answer": 1.0}]
     assert accuracy_by_gold_subtasks(rows, scored) == {"2": 0.5, "3": 1.0}  # d has no decomposition
     assert accuracy_by_gold_subtasks([{"id": "d", "meta": {}}], scored) == {}
+
+
+def test_stats_calibration_benchmark_runs_08s_test_on_simulated_studies(capsys):
+    """The benchmark stays runnable (its figures are quoted in docs/ARCHITECTURE.md): a few
+    studies per setting, and its last line is the largest null rejection rate."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("stats_calibration", ROOT / "benchmarks" / "stats_calibration.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--reps", "20", "--items", "50", "--seeds", "3", "--spreads", "0,0.04"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 + 2 + 1 + 1 and lines[-1].startswith("null_rejection_max=")
+    nulls = [float(x.split("rejection ")[1].split()[0]) for x in lines if x.startswith("null ")]
+    assert len(nulls) == 2 and float(lines[-1].split("=")[1]) == max(nulls)
+    assert lines[-2].startswith("power seeds=3 effect=+0.05")

@@ -14,7 +14,7 @@ from pathlib import Path
 from utils.core.manifest import atomic_write_bytes, rel
 from utils.core.methods import METHODS, SFT_WARMUP
 from utils.eval.compare import PHASES, SUMMARY_FIELDS, Evaluation, Training, config_diff, fmt, method_key
-from utils.eval.stats import holm, mean_ci_across_seeds, paired_bootstrap, verdict
+from utils.eval.stats import holm, mean_ci_across_seeds, paired_test, verdict
 
 
 def summary_csv(evals: list[Evaluation]) -> str:
@@ -143,8 +143,8 @@ def _table(header: list[str], rows: list[list]) -> str:
 def comparisons(evals: list[Evaluation], resamples: int, seed: int) -> list[dict]:
     """Two families of paired tests per run, each Holm-adjusted on its own: red against every other
     checkpoint (`family` "red"), and every trained method against the SFT warmup it started from
-    (`family` "warmup": did training improve on its start?). Each test is a hierarchical paired
-    bootstrap (training seeds, then test items, paired by (seed, item)) of a − b with a verdict."""
+    (`family` "warmup": did training improve on its start?). Each is `paired_test` (utils/eval/
+    stats.py) of a − b on items paired by (seed, item), with a verdict."""
     by_run = defaultdict(lambda: defaultdict(dict))
     for e in evals:
         by_run[e.run][e.method].update({(e.seed, q): s for q, s in e.scores.items()})
@@ -157,7 +157,7 @@ def comparisons(evals: list[Evaluation], resamples: int, seed: int) -> list[dict
         for name, family in pairs.items():
             for a, b in family:
                 if (a, b) not in boot:
-                    boot[(a, b)] = paired_bootstrap(methods[a], methods[b], resamples, seed)
+                    boot[(a, b)] = paired_test(methods[a], methods[b], resamples, seed)
             out += _family(run, name, family, boot)
     return out
 
@@ -250,11 +250,20 @@ def _search_section(evals: list[Evaluation]) -> list[str]:
                         "accuracy (miss)"], rows), ""]
 
 
+def _p(p: float | None) -> str:
+    """A p-value to 4 decimals; one below that reads "< 0.0001", never "0.0000"."""
+    return "< 0.0001" if p is not None and p < 1e-4 else fmt(p)
+
+
 def _paired_section(tests: list[dict], resamples: int) -> list[str]:
-    method = (f"Hierarchical paired bootstrap ({resamples} resamples): training seeds are resampled, then each "
-              "drawn seed's test items, pairing the two checkpoints on the same (seed, item); with one seed it "
-              "covers item sampling only. p-values are two-sided and Holm-adjusted within each table and run; "
-              "the verdict is at adjusted p < 0.05.")
+    method = ("The two checkpoints are paired on the same (training seed, test item). With two or more seeds the "
+              "test is a paired t-test over the per-seed mean differences (seeds − 1 degrees of freedom; its 95% CI "
+              "is the t-interval), so it carries run-to-run training variance; with one seed it is the paired "
+              f"item bootstrap ({resamples} resamples), which covers test-item sampling only. 'items 95% CI' is "
+              "the bootstrap of the items within each seed, for every row. p-values are two-sided and "
+              "Holm-adjusted within each table and run; the verdict is at adjusted p < 0.05. 'MDE' is the "
+              "difference the test would detect with 80% power at p < 0.05 before Holm, at the observed seed "
+              "spread: a smaller true effect is likely to read 'no evidence either way', and Holm raises the bar.")
     lines = []
     for family, title, empty in (
             ("red", "Paired comparison: red vs each other method", "No run here evaluated `red`, so there is no "
@@ -262,11 +271,12 @@ def _paired_section(tests: list[dict], resamples: int) -> list[str]:
             ("warmup", "Did training improve on its start: each method vs sft_warmup",
              "No run here evaluated both `sft_warmup` and a trained method.")):
         rows = [[t["run"], f"{t['a']} − {t['b']}", t["seeds"], t["n"], fmt(t["diff"]),
-                 f"{fmt(t['ci95_low'])}–{fmt(t['ci95_high'])}", fmt(t["p_value"]), fmt(t.get("p_holm")),
-                 t["verdict"]] for t in tests if t["family"] == family]
+                 f"{fmt(t['ci95_low'])}–{fmt(t['ci95_high'])}", f"{fmt(t['item_ci95_low'])}–{fmt(t['item_ci95_high'])}",
+                 fmt(t["mde"]), _p(t["p_value"]), _p(t.get("p_holm")), t["verdict"]]
+                for t in tests if t["family"] == family]
         lines += [f"## {title}", ""]
-        lines += [method, "", _table(["run", "difference", "seeds", "items", "mean diff", "95% CI", "p", "p (Holm)",
-                                      "first is"], rows), ""] if rows else [empty, ""]
+        lines += [method, "", _table(["run", "difference", "seeds", "items", "mean diff", "95% CI", "items 95% CI",
+                                      "MDE", "p", "p (Holm)", "first is"], rows), ""] if rows else [empty, ""]
     return lines
 
 
@@ -317,8 +327,8 @@ def _caveats(evals: list[Evaluation], trainings: list[Training], tests: list[dic
     for t in tests:
         if t["n"]:
             out.append(f"- {t['run']}: {t['a']} vs {t['b']}: **{t['verdict']}** ({t['a']} − {t['b']} = {fmt(t['diff'])} on "
-                       f"{t['n']} shared items over {t['seeds']} seed(s), 95% CI {fmt(t['ci95_low'])} to "
-                       f"{fmt(t['ci95_high'])}, Holm-adjusted p {fmt(t.get('p_holm'))} among the "
+                       f"{t['n']} shared items over {t['seeds']} seed(s), {t['test']}, 95% CI {fmt(t['ci95_low'])} to "
+                       f"{fmt(t['ci95_high'])}, MDE {fmt(t['mde'])}, Holm-adjusted p {_p(t.get('p_holm'))} among the "
                        f"{'comparisons with red' if t['family'] == 'red' else 'comparisons with the warmup'}).")
     seeds = {(e.run, e.method): set() for e in evals}
     for e in evals:
