@@ -8,8 +8,10 @@ samples/predictions.jsonl, manifest) and every trainer's metrics.jsonl, and writ
 outputs/<run_id>/08_compare_runs/ (or --out):
 - summary.csv: one row per run, seed and method, with the numbers exactly as in metrics.json;
 - plots/: reward_vs_step.png, test_accuracy.png, red_dynamics.png, time_per_phase.png;
-- report.md: tables, the plots, a paired bootstrap of red against every other method on the same
-  test items, and the config values that differ between methods and between runs;
+- report.md: tables, the plots, paired tests of red against every other method and of every method
+  against its warmup on the same (seed, test item) pairs (a t-test over seeds at two or more seeds,
+  the item bootstrap at one: utils/eval/stats.py), and the config values that differ between
+  methods and between runs;
 - the manifest.
 The logic lives in utils/eval/compare.py (collecting) and utils/eval/report.py (writing).
 """
@@ -30,7 +32,7 @@ def main(argv=None) -> int:
     ap = stage_parser(__doc__)
     ap.add_argument("--runs", nargs="*", default=[], help="run directories or globs (default: this run)")
     ap.add_argument("--out", default=None, help="output directory (default: outputs/<run_id>/08_compare_runs)")
-    ap.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="paired bootstrap resamples")
+    ap.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="item bootstrap resamples")
     cfg, args = parse_stage_args(__doc__, argv, parser=ap)
     if args.resamples < 100:
         raise StageError(f"--resamples {args.resamples}: use at least 100")
