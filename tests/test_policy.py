@@ -64,7 +64,7 @@ def test_one_pass_update_needs_no_separate_old_logprobs(base_dir):
     its gradient and the logged sampler mismatch equal those of a separate old-log-prob forward."""
     from utils.core.schema import load_run_config
     from utils.train.grpo import RlBatch, red_grpo_loss
-    from utils.train.losses import RedState
+    from utils.train.red import RedState
 
     torch.manual_seed(0)
     model = load_policy(base_dir, LoraConfig(rank=8, alpha=16))

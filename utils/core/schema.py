@@ -4,8 +4,8 @@ Each field's `help` is what `--help-config` prints. Stages add fields here, neve
 their scripts. Fields with a fixed set of values list them (`choices`), so a typo fails when the
 config is parsed, naming the valid values, not at RL step 1. `load_run_config` assembles the
 tiers and the overrides, and refuses a method label that its flags contradict (utils/core/methods.py).
-The registries that the choices mirror (engines, losses, scorers, adapters) live in higher layers;
-tests/test_config.py checks that the two lists agree.
+The value sets of `choices` live in utils/core/choices.py (most mirror a registry in a higher
+layer, and tests/test_config.py checks that the two lists agree); they are importable from here too.
 """
 from __future__ import annotations
 
@@ -13,25 +13,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from utils.core.choices import (DTYPES, ENGINE_NAMES, LORA_SERVING, LOSS_AGGS, ADV_SCALINGS, POLICY_LOSS_NAMES,
+                                SCORER_NAMES, ADAPTER_NAMES, RETRIEVER_NAMES, TRAIN_ROLES, INDEPENDENCE_REFS,
+                                OFFLINE_SHIFTS, THINKING_MODES, LEAKAGE_POLICIES)
 from utils.core.config import (ROOT, ConfigError, apply_overrides, deep_merge, field, from_dict, read_yaml,
                                tier_path)
 from utils.core.methods import METHODS, contradictions, implied_method
-
-DTYPES = ("float32", "bfloat16", "float16")
-ENGINE_NAMES = ("vllm", "hf", "openai")  # utils/agent/engines.py ENGINES
-LORA_SERVING = ("adapter", "merged")  # utils/agent/engines.py VLLMEngine
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")  # utils/train/losses.py
-ADV_SCALINGS = ("group", "batch", "none", "rloo")  # utils/train/losses.py ADVANTAGES
-POLICY_LOSS_NAMES = ("ppo_clip", "gspo")  # utils/train/losses.py POLICY_LOSSES
-SCORER_NAMES = ("em", "f1", "cem", "numeric")  # utils/reward/scorers.py SCORERS
-ADAPTER_NAMES = ("synthetic_arith", "synthetic_lookup", "gsm8k", "finqa", "hotpotqa")  # utils/data/adapters.py
-RETRIEVER_NAMES = ("none", "bm25", "dense")  # utils/agent/retrieval.py RETRIEVERS, or no tool
-TRAIN_ROLES = ("both", "planner", "executor")  # utils/train/grpo.py build_rl_batch
-INDEPENDENCE_REFS = (r"\b(it|its|this|that|these|those|above|previous|prior|earlier|last|same|former|latter)\b"
-                     r"|\bthe (result|answer|output|value)s?\b|\bstep\s*\d+|#\d+|<result>")
-OFFLINE_SHIFTS = ("accuracy", "none")  # utils/train/losses.py offline_ratio
-THINKING_MODES = ("plain", "actor_critic")  # utils/agent/protocol.py split_actor_critic
-LEAKAGE_POLICIES = ("drop_from_train", "warn", "error")  # utils/data/prepare.py
 
 
 @dataclass

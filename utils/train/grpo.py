@@ -31,9 +31,9 @@ from utils.agent.protocol import PLANNER
 from utils.core.schema import TRAIN_ROLES
 from utils.core.tensors import pad
 from utils.reward.scorers import is_correct
-from utils.train.losses import (Agg, advantages, aggregate, k3_kl, policy_loss, red_paper_entropy_weight, red_paper_loss,
-                                red_weights)
+from utils.train.losses import Agg, advantages, aggregate, k3_kl, policy_loss, red_paper_entropy_weight, red_paper_loss
 from utils.train.policy import forward_logprobs, sft_terms
+from utils.train.red import red_weights
 
 
 @dataclass

@@ -34,8 +34,9 @@ from utils.reward.spec import score_answer, score_episodes
 from utils.train.guard import SkipStreak, guarded_step, zero_loss
 from utils.train.grpo import batch_accuracy, build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
 from utils.reward.process import verifier_rewards
-from utils.train.losses import RedState, process_advantages, red_update
+from utils.train.losses import process_advantages
 from utils.train.policy import forward_logprobs, policy_device, reference_logprobs, sft_batch, sft_terms
+from utils.train.red import RedState, red_update
 from utils.train.world import SOLO, World
 
 
