@@ -15,11 +15,13 @@ from utils.agent.sampling import BatchedCalls, Sample, truncate_at_stop
 
 
 class RuleEngine(BatchedCalls):
-    """`respond(role, prompt_text, call)` gives the text for one prompt, where `call` counts this
-    role's engine calls from 1 (one call serves one role)."""
+    """`respond(role, prompt_text, call, occurrence)` gives the text for one prompt, where `call`
+    counts this role's engine calls from 1 (one call serves one role) and `occurrence` counts the
+    same prompt text earlier in this call from 0 (a question's n samples arrive together, in order,
+    so on their first turn it is the sample's index)."""
     name = "rule"
 
-    def __init__(self, model, tokenizer, respond: Callable[[str, str, int], str]):
+    def __init__(self, model, tokenizer, respond: Callable[[str, str, int, int], str]):
         self.model, self.tokenizer, self.respond = model, tokenizer, respond
         self.calls = {"planner": 0, "executor": 0}
         self.adapters, self.closed = [], False
@@ -40,9 +42,10 @@ class RuleEngine(BatchedCalls):
         assert len(roles) == 1, "one engine call must serve one role"
         role = roles.pop()
         self.calls[role] += 1
-        out = []
+        out, seen = [], {}
         for p, prompt_text in zip(prompts, texts):
-            ids = self.tokenizer.encode(self.respond(role, prompt_text, self.calls[role]),
+            occurrence = seen[prompt_text] = seen.get(prompt_text, -1) + 1
+            ids = self.tokenizer.encode(self.respond(role, prompt_text, self.calls[role], occurrence),
                                         add_special_tokens=False)[: spec.max_tokens]
             keep, text, reason = truncate_at_stop(self.tokenizer, ids, spec.stop, self.tokenizer.eos_token_id)
             ids = ids[:keep]
@@ -60,7 +63,7 @@ class ScriptedEngine(RuleEngine):
         self.scripts = {"planner": list(planner_script), "executor": list(executor_script)}
         super().__init__(model, tokenizer, self._scripted)
 
-    def _scripted(self, role: str, prompt_text: str, call: int) -> str:  # noqa: ARG002 - same text for every prompt
+    def _scripted(self, role: str, prompt_text: str, call: int, occurrence: int) -> str:  # noqa: ARG002
         script = self.scripts[role]
         return script[min(call - 1, len(script) - 1)]  # call k of a role gets item k
 

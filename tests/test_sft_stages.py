@@ -104,7 +104,7 @@ def _oracle(rows, right):
     executor's result."""
     gold = {r["question"]: r["answers"][0] for r in rows}
 
-    def respond(role, prompt, call):  # noqa: ARG001 - the same text at every call
+    def respond(role, prompt, call, occurrence):  # noqa: ARG001 - the same text at every call and sample
         if role == "executor":
             question = prompt.removeprefix("solve: ").strip()
             value = gold[question] if question in right else str(int(gold[question]) + 1)

@@ -129,6 +129,9 @@ class RlConfig:
     steps: int = field(30, "Optimizer steps.", minimum=0)
     questions_per_step: int = field(16, "Questions per rollout batch (chosen on val with lr, README).", minimum=1)
     n_samples: int = field(4, "Samples per question (GRPO group size).", minimum=2)
+    dynamic_sampling: int = field(0, "DAPO's dynamic sampling: drop groups whose answer scores are all equal (zero "
+                                     "advantage) and refill from the next questions, at most this many extra "
+                                     "rounds a step (0 = off). One rank only; not with red_paper.", minimum=0)
     min_subtasks: int = field(0, "RL questions: only train rows whose gold decomposition has at least this many "
                                  "subtasks (0 = every row). SFT traces are unaffected (traces.*).", minimum=0)
     max_turns: int = field(8, "Planner turns before the episode is forced to end (gold needs subtasks + 1).", minimum=1)

@@ -28,6 +28,7 @@ import torch
 from utils.agent.episode import dump_episodes
 from utils.agent.rollout import Rollout
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
+from utils.core.stages import StageError
 from utils.core.stream import Cursor, take
 from utils.reward.scorers import is_correct
 from utils.reward.spec import score_answer, score_episodes
@@ -66,6 +67,10 @@ class GrpoTrainer:
         params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=self.alg.rl.lr, weight_decay=self.alg.rl.weight_decay)
         self.state = TrainState()
+        if self.alg.rl.dynamic_sampling and (world.size > 1 or self.offline):
+            raise StageError("algorithm.rl.dynamic_sampling needs one rank and no red_paper experts: its refill "
+                             "rounds draw questions from a stream the ranks would have to share, and an expert "
+                             "changes its group's scores")
         self.last_rollout: tuple[list[dict], list] | None = None
         self.ckpt_dir = out_dir / "ckpt"
         self.policy_dir = out_dir / ("policy" if world.main else f"policy_rank{world.rank}")  # one per engine
@@ -201,14 +206,13 @@ class GrpoTrainer:
             return self.sft_only_step()
         t0 = time.time()
         first, rows = self.world.block(take(self.rows, rl.questions_per_step, f"{seed}/q", self.state.questions))
-        episodes = self.rollout.run(rows, n=rl.n_samples, seed=seed, step=self.state.step, first=first * rl.n_samples)
+        rows, episodes, scored, sampling = self._rollouts(rows, first * rl.n_samples)
         self.last_rollout = (rows, episodes)  # what benchmarks/step_profile.py replays
         timings["time/rollout"] = time.time() - t0
         t0 = time.time()
-        scored = score_episodes(episodes, self.spec)
         rewards = [s["reward"] for s in scored]
         everyone = self.world.concat(scored)  # the whole step's episodes, every rank's
-        accuracy = batch_accuracy(everyone)
+        accuracy = sampling.pop("accuracy", None) if sampling else batch_accuracy(everyone)
         group_rewards, experts = self._insert_offline(rows, scored, rewards) if self.offline else (rewards, [])
         adv = group_advantages(group_rewards, rl.n_samples, rl.adv_scaling)
         if not all(math.isfinite(r) for r in group_rewards):
@@ -240,7 +244,45 @@ class GrpoTrainer:
             if self.world.main:
                 dump_episodes(dumped, self.out / "episodes" / f"step_{self.state.step}.jsonl")
         return _step_metrics(self.state.step, everyone, [s["reward"] for s in everyone], accuracy, rl.n_samples,
-                             skipped, float(mismatch), {**stats, **timings})
+                             skipped, float(mismatch), {**stats, **sampling, **timings})
+
+    def _rollouts(self, rows: list[dict], first: int) -> tuple[list[dict], list, list[dict], dict]:
+        """Roll out and score `rows` (n samples each; `first` the first episode's index). With dynamic
+        sampling (algorithm.rl.dynamic_sampling = R > 0, DAPO), a group whose answer scores are all
+        equal has zero advantage and is dropped; the batch is refilled from the stream's next
+        questions, at most R extra rounds, and the first questions_per_step groups with a signal are
+        kept. RED's accuracy is then over every episode sampled this step (a filtered batch has lost
+        its all-right groups). No group with a signal after R extra rounds stops the run."""
+        rl, n, seed, step = self.alg.rl, self.alg.rl.n_samples, self.cfg.seed, self.state.step
+        episodes = self.rollout.run(rows, n=n, seed=seed, step=step, first=first)
+        scored = score_episodes(episodes, self.spec)
+        if not rl.dynamic_sampling:
+            return rows, episodes, scored, {}
+        kept: list[tuple] = []
+        seen, dropped, rounds = [], 0, 0
+        while True:
+            seen += scored
+            for g, row in enumerate(rows):
+                group = slice(g * n, (g + 1) * n)
+                if len({s["answer"] for s in scored[group]}) > 1:
+                    kept.append((row, episodes[group], scored[group]))
+                else:
+                    dropped += 1
+            if len(kept) >= rl.questions_per_step or rounds == rl.dynamic_sampling:
+                break
+            rounds += 1
+            rows = take(self.rows, rl.questions_per_step - len(kept), f"{seed}/q", self.state.questions)
+            episodes = self.rollout.run(rows, n=n, seed=seed, step=step, first=rounds * rl.questions_per_step * n)
+            scored = score_episodes(episodes, self.spec)
+        if not kept:
+            raise StageError(f"step {step + 1}: every group of {len(seen) // n} questions had equal answer scores "
+                             f"(all right or all wrong) after {rounds} extra sampling rounds "
+                             f"(algorithm.rl.dynamic_sampling={rl.dynamic_sampling}): nothing to train on; allow "
+                             f"more rounds, or start from a policy whose samples disagree")
+        kept = kept[:rl.questions_per_step]
+        return ([r for r, _, _ in kept], [e for _, eps, _ in kept for e in eps], [s for _, _, sc in kept for s in sc],
+                {"accuracy": batch_accuracy(seen), "train/dropped_groups": dropped, "train/sampling_rounds": rounds + 1,
+                 "train/kept_groups": len(kept)})
 
     def _insert_offline(self, rows: list[dict], scored: list[dict], rewards: list[float]) -> tuple[list, list]:
         """red_paper: each question with an expert trace has it in place of its group's last rollout,

@@ -1,0 +1,85 @@
+"""DAPO's dynamic sampling in the RL trainer (algorithm.rl.dynamic_sampling): groups whose answer
+scores are all equal are dropped and the batch refilled from the question stream, the cap on extra
+rounds holds, and a step where no group carries a signal stops the run instead of training on
+nothing. The policy is a real LoRA model; the sampler is a rule engine whose right answers are
+known by construction (tests/scripted.py), so the counts are exact on any CPU."""
+import copy
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from scripted import RuleEngine
+from test_trainer import _trainer
+from utils.core.schema import load_run_config
+from utils.core.stages import StageError
+from utils.core.stream import take
+
+
+def _cfg(rounds: int):
+    return load_run_config(algorithm="grpo", overrides=[
+        "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=4", "algorithm.rl.n_samples=4",
+        f"algorithm.rl.dynamic_sampling={rounds}", "algorithm.rl.save_freq=100", "algorithm.rl.dump_freq=0"])
+
+
+def _engine(hf_base, base_dir, rows, mixed: set[str]):
+    """The planner answers at once: on a `mixed` question only the first of its samples is right
+    (a group with a signal); on any other all are wrong (a group without one)."""
+    gold = {r["question"]: r["answers"][0] for r in rows}
+
+    def respond(role, prompt, call, occurrence):  # noqa: ARG001
+        question = prompt.removeprefix("plan: ").split("\n")[0]
+        right = question in mixed and occurrence == 0
+        return f"<answer>{gold[question] if right else int(gold[question]) + 1}</answer>"
+    return RuleEngine(hf_base, AutoTokenizer.from_pretrained(base_dir), respond)
+
+
+def _expected(trainer, rounds: int, mixed: set[str]):
+    """What the stream hands out: round 0 takes 4 questions, each later round as many as are missing."""
+    cursor, kept, seen = copy.deepcopy(trainer.state.questions), [], []
+    for r in range(rounds + 1):
+        batch = take(trainer.rows, 4 - len(kept), f"{trainer.cfg.seed}/q", cursor)
+        seen += batch
+        kept += [q for q in batch if q["question"] in mixed]
+        if len(kept) >= 4:
+            return kept[:4], seen, r + 1
+    return kept, seen, rounds + 1
+
+
+@pytest.mark.parametrize("rounds", [1, 6])
+def test_dropped_groups_are_refilled_up_to_the_cap(hf_base, base_dir, tmp_path, rounds):
+    trainer = _trainer(_cfg(rounds), None, None, tmp_path, base_dir)
+    mixed = {r["question"] for i, r in enumerate(trainer.rows) if i % 3 == 0}
+    engine = _engine(hf_base, base_dir, trainer.rows, mixed)
+    trainer.engine = trainer.rollout.engine = engine
+    kept, seen, used = _expected(trainer, rounds, mixed)
+    assert len(seen) > 4  # the first batch alone does not fill it: something was dropped
+    metrics = trainer.step()
+    rows, episodes = trainer.last_rollout
+    assert [r["id"] for r in rows] == [q["id"] for q in kept]  # only groups with a signal, in stream order
+    assert metrics["train/kept_groups"] == len(kept) and metrics["train/sampling_rounds"] == used <= rounds + 1
+    assert metrics["train/dropped_groups"] == len(seen) - len(kept)
+    assert len(episodes) == 4 * len(kept) and metrics["train/zero_variance_groups"] == 0
+    # accuracy is over every sampled episode: one right of 4 in each mixed group seen
+    assert metrics["train/accuracy"] == pytest.approx(sum(q["question"] in mixed for q in seen) / (4 * len(seen)))
+    if rounds == 1:
+        assert used == 2 and len(kept) < 4  # the cap stopped it short of a full batch
+
+
+def test_a_step_with_no_signal_stops_the_run_without_training(hf_base, base_dir, tmp_path):
+    trainer = _trainer(_cfg(2), None, None, tmp_path, base_dir)
+    trainer.engine = trainer.rollout.engine = _engine(hf_base, base_dir, trainer.rows, mixed=set())
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    with pytest.raises(StageError, match=r"every group of 12 questions had equal answer scores .* after 2 extra "
+                                         r"sampling rounds \(algorithm.rl.dynamic_sampling=2\): nothing to train on"):
+        trainer.step()
+    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if p.requires_grad)
+    assert trainer.state.step == 0
+
+
+def test_dynamic_sampling_is_refused_with_red_paper_experts(base_dir, tmp_path):
+    from utils.train.grpo_trainer import GrpoTrainer
+
+    with pytest.raises(StageError, match="dynamic_sampling needs one rank and no red_paper experts"):
+        GrpoTrainer(_cfg(2), torch.nn.Linear(1, 1), None, None, None, [], [], 0, tmp_path, None, "sha",
+                    offline={"q": object()})
