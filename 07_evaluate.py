@@ -6,8 +6,12 @@ utils/core/methods.py). Several checkpoints share one sampling engine, which swa
 them (starting an engine costs more than evaluating 200 items on it); each still gets its own folder
 and manifest, the same as when evaluated alone. Writes outputs/<run_id>/07_evaluate/<checkpoint>/:
 metrics.json (accuracy under the spec's scorer with a bootstrap 95% CI, format compliance, turns and
-subtasks per episode, tokens per role, failure counts, optional pass@k), breakdown.csv (one row per
-item with its failure category), samples/predictions.jsonl (full transcripts) and the manifest.
+subtasks per episode, tokens per role, failure counts), breakdown.csv (one row per item with its
+failure category), samples/predictions.jsonl (full transcripts) and the manifest. With
+eval.samples = k > 0 it also samples k episodes per item at the rollout temperature
+(algorithm.rl.temperature, what RL optimises): mean@k with its CI and pass@k in metrics.json, and
+each item's k scores and their mean in predictions.jsonl. `primary` (eval.primary) names the
+metric 08's paired tests use.
 """
 import csv
 import io
@@ -16,19 +20,18 @@ from collections import Counter
 from pathlib import Path
 
 from utils.agent.retrieval import run_retriever
-from utils.agent.rollout import Codec, Rollout, RolloutSpec
+from utils.agent.rollout import Codec, RolloutSpec
 from utils.core.cli import parse_stage_args, stage_parser
 from utils.core.io import read_jsonl, write_jsonl
 from utils.core.manifest import StageRun, atomic_write_json, atomic_write_text
 from utils.core.models import load_tokenizer
 from utils.core.methods import CHECKPOINTS, SFT_WARMUP
 from utils.core.stages import model_dir, output_path, parent, resolve_checkpoint, run_main, stage_config, stage_dir
-from utils.eval.evaluation import failure_category, greedy_eval, pass_at_k
+from utils.eval.evaluation import failure_category, greedy_eval, sampled_eval
 from utils.eval.stats import bootstrap_ci
-from utils.reward.spec import read_spec, score_episodes
+from utils.reward.spec import read_spec
 
 STAGE = "07_evaluate"
-PASS_K_TEMPERATURE = 1.0  # pass@k samples the policy as it is, without temperature scaling
 BREAKDOWN = ["qid", "category", "status", "prediction", "golds", "answer", "format", "reward", "turns",
              "subtasks", "tokens_planner", "tokens_executor"]
 
@@ -72,7 +75,7 @@ def evaluate(cfg, args, name: str, shared: SharedEngine, codec: Codec) -> None:
     """Evaluate one checkpoint into its own folder, under its own manifest."""
     label = name if name in CHECKPOINTS else Path(name).name
     out = stage_dir(cfg, f"{STAGE}/{label}")
-    settings = {**stage_config(cfg, STAGE), "checkpoint": name, "pass_k": args.pass_k, "limit": args.limit}
+    settings = {**stage_config(cfg, STAGE), "checkpoint": name, "limit": args.limit}
     with StageRun(f"{STAGE}/{label}", out, settings, cfg.seed) as run:
         _, prepared = parent(run, cfg, "01_prepare_dataset")
         rewards_dir, _ = parent(run, cfg, "02_build_rewards")
@@ -90,10 +93,10 @@ def evaluate(cfg, args, name: str, shared: SharedEngine, codec: Codec) -> None:
             r["category"] = failure_category(r)
         metrics = {**summary, "accuracy_ci95": bootstrap_ci([r["answer"] for r in scored], seed=cfg.seed),
                    "scorer": spec.scorer, "failures": dict(sorted(Counter(r["category"] for r in scored).items())),
-                   "checkpoint": name}
-        if args.pass_k:
-            sampler = Rollout(engine, codec, RolloutSpec.from_config(cfg, PASS_K_TEMPERATURE), retriever)
-            metrics[f"pass@{args.pass_k}"] = pass_at_k(score_episodes(sampler.run(rows, n=args.pass_k, seed=cfg.seed), spec))
+                   "checkpoint": name, "primary": cfg.eval.primary}
+        if cfg.eval.samples:
+            _sampled(cfg, metrics, scored, sampled_eval(engine, codec, rows, spec, RolloutSpec.from_config(
+                cfg, cfg.algorithm.rl.temperature), cfg.eval.samples, cfg.seed, retriever))
         write_outputs(out, metrics, scored)
         for f in ("metrics.json", "breakdown.csv", "samples/predictions.jsonl"):
             run.add_output(out / f)
@@ -103,12 +106,23 @@ def evaluate(cfg, args, name: str, shared: SharedEngine, codec: Codec) -> None:
           f"{metrics['format']:.3f}, {metrics['turns']:.2f} turns/episode on {len(rows)} items -> {out}", flush=True)
 
 
+def _sampled(cfg, metrics: dict, scored: list[dict], result: tuple[dict, dict]) -> None:
+    """Fold sampled_eval's figures into metrics.json and its per-item scores into the records."""
+    summary, per_item = result
+    for r in scored:
+        r["sampled"] = per_item.get(r["qid"], [])
+        r["mean_at_k"] = round(sum(r["sampled"]) / len(r["sampled"]), 6) if r["sampled"] else 0.0
+    metrics.update(summary, samples=cfg.eval.samples, sample_temperature=cfg.algorithm.rl.temperature,
+                   mean_at_k_ci95=bootstrap_ci([r["mean_at_k"] for r in scored], seed=cfg.seed))
+
+
 def main(argv=None) -> int:
     ap = stage_parser(__doc__)
     ap.add_argument("--checkpoint", default=SFT_WARMUP, help=f"comma-separated, each {' | '.join(CHECKPOINTS)} | DIR")
-    ap.add_argument("--pass_k", type=int, default=0, help="also sample k episodes per item at temperature 1")
     ap.add_argument("--limit", type=int, default=0, help="evaluate only the first N test items (0 = all)")
     cfg, args = parse_stage_args(__doc__, argv, parser=ap)
+    if cfg.eval.primary == "mean_at_k" and not cfg.eval.samples:
+        ap.exit(2, f"{ap.prog}: eval.primary=mean_at_k needs eval.samples > 0 (episodes sampled per item)\n")
     names = [n.strip() for n in args.checkpoint.split(",") if n.strip()]
     if not names or len(set(names)) != len(names):
         ap.exit(2, f"{ap.prog}: --checkpoint {args.checkpoint!r}: expected distinct comma-separated names\n")

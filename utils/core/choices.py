@@ -19,4 +19,5 @@ INDEPENDENCE_REFS = (r"\b(it|its|this|that|these|those|above|previous|prior|earl
                      r"|\bthe (result|answer|output|value)s?\b|\bstep\s*\d+|#\d+|<result>")
 OFFLINE_SHIFTS = ("accuracy", "none")  # utils/train/losses.py offline_ratio
 THINKING_MODES = ("plain", "actor_critic")  # utils/agent/protocol.py split_actor_critic
+PRIMARY_METRICS = ("greedy", "mean_at_k")  # utils/eval/evaluation.py, 08's paired tests
 LEAKAGE_POLICIES = ("drop_from_train", "warn", "error")  # utils/data/prepare.py

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from utils.core.choices import (DTYPES, ENGINE_NAMES, LORA_SERVING, LOSS_AGGS, ADV_SCALINGS, POLICY_LOSS_NAMES,
                                 SCORER_NAMES, ADAPTER_NAMES, RETRIEVER_NAMES, TRAIN_ROLES, INDEPENDENCE_REFS,
-                                OFFLINE_SHIFTS, THINKING_MODES, LEAKAGE_POLICIES)
+                                OFFLINE_SHIFTS, THINKING_MODES, LEAKAGE_POLICIES, PRIMARY_METRICS)
 from utils.core.config import (ROOT, ConfigError, apply_overrides, deep_merge, field, from_dict, read_yaml,
                                tier_path)
 from utils.core.methods import METHODS, contradictions, implied_method
@@ -292,6 +292,14 @@ class RewardConfig:
 
 
 @dataclass
+class EvalConfig:
+    samples: int = field(0, "07 also samples this many episodes per test item at the rollout temperature "
+                            "(algorithm.rl.temperature): mean@k and pass@k beside greedy (0 = greedy only).", minimum=0)
+    primary: str = field("greedy", "The metric 08's paired tests run on, fixed before a study: greedy accuracy, or "
+                                   "mean@k (an item's share of correct samples; needs samples > 0).", PRIMARY_METRICS)
+
+
+@dataclass
 class ToolConfig:
     retriever: str = field("none", "The executor's search tool: none (no tool), bm25 or dense. Set by a data "
                                    "tier that needs it (configs/data/synthetic_lookup.yaml).", RETRIEVER_NAMES)
@@ -321,6 +329,7 @@ class RunConfig:
     traces: TracesConfig = field(TracesConfig(), "SFT traces written by 03_generate_sft_traces.")
     warmup: WarmupConfig = field(WarmupConfig(), "LoRA SFT warmup run by 04_sft_warmup.")
     tool: ToolConfig = field(ToolConfig(), "The executor's search tool (off unless tool.retriever is set).")
+    eval: EvalConfig = field(EvalConfig(), "Test-split evaluation by 07_evaluate (and what 08 tests).")
 
 
 def load_run_config(model: str = "tiny-arith", algorithm: str = "red", data: str = "synthetic_arith",

@@ -138,10 +138,13 @@ def model_dir(cfg: RunConfig, path: str | None = None) -> Path:
 def stage_config(cfg: RunConfig, stage: str) -> dict:
     """The slice of the config that `stage` reads: what its manifest records and hashes. Without
     the search tool (tool.retriever none) the `tool` section is left out, so a run without it
-    hashes as it did before the tool existed."""
+    hashes as it did before the tool existed; so is 07's `eval` section while it asks for greedy
+    accuracy alone."""
     keys = CONFIG_KEYS[stage]
     if cfg.tool.retriever == "none":
         keys = tuple(k for k in keys if k != "tool")
+    if stage == "07_evaluate" and (cfg.eval.samples or cfg.eval.primary != "greedy"):
+        keys += ("eval", "algorithm.rl.temperature")
     return config_slice(cfg, keys)
 
 

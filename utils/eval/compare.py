@@ -41,8 +41,9 @@ class Evaluation:
     method: str
     directory: Path
     metrics: dict
-    scores: dict[str, float]  # item id -> score under the spec's scorer
+    scores: dict[str, float]  # item id -> its score on the primary metric (greedy answer score, or mean@k)
     manifest: dict
+    primary: str = "greedy"  # eval.primary of the 07 that wrote it
 
     def row(self) -> dict:
         m = self.metrics
@@ -122,18 +123,23 @@ def load_evaluation(directory: Path, outputs: Path) -> Evaluation:
     preds = directory / "samples" / "predictions.jsonl"
     if not preds.is_file():
         raise CompareError(f"{preds}: missing (07_evaluate writes it beside metrics.json)")
+    primary = metrics.get("primary", "greedy")  # 07 before eval.primary existed: greedy
+    field_name = {"greedy": "answer", "mean_at_k": "mean_at_k"}.get(primary)
+    if field_name is None:
+        raise CompareError(f"{metrics_path}: primary '{primary}' is not a known metric (greedy, mean_at_k)")
     scores = {}
     for i, row in _read_jsonl(preds):
-        for key in ("qid", "answer"):
+        for key in ("qid", field_name):
             if key not in row:
-                raise DataError(preds, i, key, "missing")
-        if not isinstance(row["answer"], (int, float)) or isinstance(row["answer"], bool):
-            raise DataError(preds, i, "answer", f"expected a number, got {row['answer']!r}")
-        scores[str(row["qid"])] = float(row["answer"])
+                raise DataError(preds, i, key, "missing" + (" (primary mean_at_k)" if key == "mean_at_k" else ""))
+        value = row[field_name]
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise DataError(preds, i, field_name, f"expected a number, got {value!r}")
+        scores[str(row["qid"])] = float(value)
     run, seed = run_label(directory.parent.parent, outputs)
     checkpoint = str(metrics["checkpoint"])
     method = checkpoint if checkpoint in CHECKPOINTS else directory.name
-    return Evaluation(run, manifest.get("seed", seed), method, directory, metrics, scores, manifest)
+    return Evaluation(run, manifest.get("seed", seed), method, directory, metrics, scores, manifest, primary)
 
 
 def load_trainings(run_dirs: list[Path], outputs: Path) -> list[Training]:

@@ -47,6 +47,21 @@ def greedy_eval(engine, codec: Codec, rows: list[dict], spec: RewardSpec, rollou
     return summary, scored
 
 
+def sampled_eval(engine, codec: Codec, rows: list[dict], spec: RewardSpec, rollout: RolloutSpec, k: int, seed: int,
+                 retriever=None) -> tuple[dict, dict[str, list[float]]]:
+    """k sampled episodes per row at `rollout`'s temperature: ({"mean@k", "pass@k"}, {qid: the k
+    samples' answer scores}). mean@k is the mean over items of each item's mean answer score, the
+    sampled policy's accuracy (with a 0/1 scorer, the share of correct samples); pass@k counts an
+    item whose samples include a fully correct one."""
+    scored = score_episodes(Rollout(engine, codec, replace(rollout, logprobs=False), retriever).run(rows, n=k, seed=seed),
+                            spec)
+    per_item: dict[str, list[float]] = {}
+    for s in scored:
+        per_item.setdefault(s["qid"], []).append(s["answer"])
+    means = [sum(v) / len(v) for v in per_item.values()]
+    return {f"mean@{k}": round(sum(means) / max(len(means), 1), 6), f"pass@{k}": pass_at_k(scored)}, per_item
+
+
 def search_metrics(rows: list[dict], episodes, scored: list[dict]) -> dict:
     """Searches per subtask, and for rows that name their gold facts (meta.facts): the retrieval hit
     rate (every gold fact was among some search's top-k passages) and accuracy split by hit. Each

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from utils.core.manifest import atomic_write_bytes, rel
 from utils.core.methods import METHODS, SFT_WARMUP
-from utils.eval.compare import PHASES, SUMMARY_FIELDS, Evaluation, Training, config_diff, fmt, method_key
+from utils.eval.compare import (PHASES, SUMMARY_FIELDS, CompareError, Evaluation, Training, config_diff, fmt,
+                                method_key)
 from utils.eval.stats import holm, mean_ci_across_seeds, paired_test, verdict
 
 
@@ -146,8 +147,15 @@ def comparisons(evals: list[Evaluation], resamples: int, seed: int) -> list[dict
     (`family` "warmup": did training improve on its start?). Each is `paired_test` (utils/eval/
     stats.py) of a − b on items paired by (seed, item), with a verdict."""
     by_run = defaultdict(lambda: defaultdict(dict))
+    primaries = defaultdict(set)
     for e in evals:
         by_run[e.run][e.method].update({(e.seed, q): s for q, s in e.scores.items()})
+        primaries[e.run].add((e.primary, e.metrics.get("samples"), e.metrics.get("sample_temperature")))
+    for run, found in primaries.items():
+        if len(found) > 1:
+            raise CompareError(f"run {run}: its evaluations declare different primary metrics "
+                               f"{sorted(found, key=str)} (eval.primary, eval.samples, algorithm.rl.temperature); "
+                               "re-evaluate them with one setting")
     out = []
     for run, methods in sorted(by_run.items()):
         ordered = sorted(methods, key=method_key)
@@ -180,12 +188,42 @@ def render_report(evals: list[Evaluation], trainings: list[Training], tests: lis
              f"Sources: {', '.join(rel(s) for s in sources)}. {len(evals)} evaluations in {len(runs)} run(s); "
              f"greedy Planner/Executor rollouts on each run's test split (07_evaluate).", ""]
     lines += _accuracy_section(evals)
+    lines += _sampled_section(evals)
+    lines += [f"Primary metric of the paired tests: **{primary_label(evals)}**.", ""]
     lines += _paired_section(tests, resamples)
     lines += _training_section(trainings)
     lines += ["## Plots", ""] + [f"![{p[:-4]}](plots/{p})" for p in plots] + [""]
     lines += _config_section(evals, trainings, runs)
     lines += ["## What these numbers show and do not show", ""] + _caveats(evals, trainings, tests) + [""]
     return "\n".join(lines)
+
+
+def primary_label(evals: list[Evaluation]) -> str:
+    """The paired tests' metric in words, e.g. "mean@8 at temperature 0.7" (comparisons() has
+    refused a run whose evaluations disagree)."""
+    e = evals[0] if evals else None
+    if e is None or e.primary == "greedy":
+        return "greedy accuracy"
+    return f"mean@{e.metrics.get('samples')} at temperature {e.metrics.get('sample_temperature')}"
+
+
+def _sampled_section(evals: list[Evaluation]) -> list[str]:
+    """mean@k and pass@k at the rollout temperature beside greedy, where 07 sampled (eval.samples)."""
+    have = [e for e in evals if e.metrics.get("samples")]
+    if not have:
+        return []
+    rows = []
+    for e in sorted(have, key=lambda e: (e.run, method_key(e.method), e.seed or 0)):
+        m, k = e.metrics, e.metrics["samples"]
+        lo, hi = m["mean_at_k_ci95"]
+        rows.append([e.run, fmt(e.seed), e.method, fmt(m["accuracy"]), fmt(m[f"mean@{k}"]), f"{fmt(lo)}–{fmt(hi)}",
+                     fmt(m[f"pass@{k}"]), k, m["sample_temperature"]])
+    return ["### Sampled at the rollout temperature", "",
+            "mean@k: each item's mean answer score over k episodes sampled at the rollout temperature, averaged "
+            "over items (the policy RL optimises; CI a bootstrap over items); pass@k: items with a fully correct "
+            "sample. mean@k up with greedy and pass@k flat is sharpening; greedy or pass@k up as well is new "
+            "capability.", "",
+            _table(["run", "seed", "method", "greedy", "mean@k", "95% CI", "pass@k", "k", "temperature"], rows), ""]
 
 
 def _accuracy_section(evals: list[Evaluation]) -> list[str]:
