@@ -8,7 +8,9 @@ spec judges the final answer correct: rejection sampling, with the acceptance ra
 vs extend" regime: demonstrations cover shorter chains than the RL questions and the test split),
 `traces.long_traces` lets that many longer traces through as well (the first in train order: a few
 demonstrations of long chains, so that sampled rollouts sometimes reach them and RL has a signal),
-and `traces.max_traces` caps how many are written, in train order (scarce expert traces).
+`traces.max_traces` caps how many are written, in train order (scarce expert traces), and
+`traces.flaw_rate` makes the gold teacher imperfect: that share of chains stops one subtask early
+and answers that result (marked `flawed` in the record; counted in the manifest).
 Each trace is split into per-role examples of exact token ids with loss masks, in the same
 protocol and templates the rollouts use. Also writes stats.json.
 """
@@ -105,7 +107,7 @@ def main(argv=None) -> int:
             pairs, usable, sampled = [], _LengthFilter(cfg), 0
             search, style = _gold_search(cfg, run), ThinkStyle.from_config(cfg)
             for row in rows:
-                trace, why = trace_from_row(row, source, search, style)
+                trace, why = trace_from_row(row, source, search, style, cfg.traces.flaw_rate, cfg.seed)
                 if trace is None:
                     skipped.append((row["id"], why))
                 elif usable(trace):
@@ -125,7 +127,8 @@ def main(argv=None) -> int:
             run.add_output(out / name)
         run.metrics.update(traces=len(records), rows=len(rows), acceptance_rate=stats["acceptance_rate"],
                            planner_examples=stats["roles"]["planner"]["examples"],
-                           executor_examples=stats["roles"]["executor"]["examples"])
+                           executor_examples=stats["roles"]["executor"]["examples"],
+                           flawed_traces=sum(bool(r.get("flawed")) for r in records))
     rate = f", acceptance {stats['acceptance_rate']:.1%}" if stats["acceptance_rate"] is not None else ""
     print(f"{STAGE}: {len(records)} {source} traces from {len(rows)} rows{rate} -> {out / 'sft_traces.jsonl'}")
     return 0

@@ -308,3 +308,32 @@ def test_sft_skips_non_finite_steps_and_stops_after_k_in_a_row(base_dir, tmp_pat
     calls["n"] = 0
     with pytest.raises(StageError, match=r"steps 2-3: 2 SFT steps in a row skipped .*max_skips_in_a_row"):
         loop(tmp_path / "b", 8, 2).run()
+
+
+def test_the_imperfect_teacher_stops_a_share_of_chains_one_subtask_early(prepared):
+    """traces.flaw_rate: the chosen chains (2+ subtasks; drawn from (seed, question id), so the same
+    on any CPU) lose their last subtask and answer the result before it; every other trace is the
+    gold one, byte for byte; 1-subtask chains are never flawed."""
+    from utils.agent.traces import stops_early
+    from utils.core.schema import load_run_config
+
+    out, args = prepared
+    no_cap = ("--set", "traces.max_subtasks=0")
+    assert run_stage("03_generate_sft_traces", out, *args, *no_cap) == 0
+    gold = {r["qid"]: r for r in _records(out)}
+    assert run_stage("03_generate_sft_traces", out, *args, *no_cap, "--set", "traces.flaw_rate=0.5") == 0
+    recs, rows = _records(out), {r["id"]: r for r in _train_rows(out)}
+    seed = load_run_config().seed
+    chosen = [q for q in gold if stops_early(q, len(rows[q]["meta"]["steps"]), 0.5, seed)]
+    assert 10 <= len(chosen) <= 40 and manifest(out, "03_generate_sft_traces")["metrics"]["flawed_traces"] == len(chosen)
+    for rec in recs:
+        steps = rows[rec["qid"]]["meta"]["steps"]
+        if rec["qid"] not in chosen:
+            assert rec == gold[rec["qid"]] and "flawed" not in rec
+            continue
+        assert rec["flawed"] and len(steps) >= 2
+        assert rec["executor_calls"] == gold[rec["qid"]]["executor_calls"][:-1]  # the last subtask is never asked
+        assert rec["answer"] == str(steps[-2]["result"]) != rows[rec["qid"]]["answers"][0]
+        assert rec["planner_turns"][-1].endswith(f"<answer>{steps[-2]['result']}</answer>")
+    assert not any(stops_early("q", 1, 1.0, seed) for _ in range(3)) and stops_early("q", 2, 1.0, seed)
+    assert run_stage("03_generate_sft_traces", out, *args, "--set", "traces.flaw_rate=1.5") == 1

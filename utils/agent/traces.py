@@ -93,6 +93,7 @@ class Trace:
     results: list[str]
     answer: str
     segments: list[list[str]] | None = None  # per call: generated, injected, generated, ... (None: one each)
+    flawed: bool = False  # the imperfect teacher stopped this chain one subtask early (traces.flaw_rate)
 
     def call_segments(self, k: int) -> list[str]:
         return self.segments[k] if self.segments else [self.executor_calls[k][1]]
@@ -160,10 +161,20 @@ def _lookups(meta_steps: list[dict], search) -> tuple[list | None, str | None]:
     return out, None
 
 
-def trace_from_row(row: dict, source: str, search=None,
-                   style: ThinkStyle = ThinkStyle()) -> tuple[Trace | None, str | None]:
+def stops_early(qid: str, n_steps: int, rate: float, seed: int) -> bool:
+    """Whether the imperfect teacher (traces.flaw_rate) stops this question's chain one subtask early:
+    for `rate` of the questions with 2+ subtasks, drawn from (seed, question id)."""
+    if not 0.0 <= rate <= 1.0:
+        raise ConfigError(f"traces.flaw_rate: {rate} is not a share in [0, 1]")
+    return rate > 0 and n_steps >= 2 and derive_seed(seed, qid, "flaw") / 0x7FFFFFFF < rate
+
+
+def trace_from_row(row: dict, source: str, search=None, style: ThinkStyle = ThinkStyle(),
+                   flaw_rate: float = 0.0, seed: int = 0) -> tuple[Trace | None, str | None]:
     """(trace, None) for a prepared row, or (None, why the source cannot decompose it). `search`
-    (query -> (information text, passage ids)) runs a lookup step's gold search."""
+    (query -> (information text, passage ids)) runs a lookup step's gold search. With `flaw_rate`,
+    that share of gold chains (`stops_early`) ends after its second-to-last subtask and answers its
+    result: a demonstration that is wrong in a way imitation copies and only a reward exposes."""
     meta = row.get("meta") or {}
     searches = None
     if source == "gold":
@@ -179,7 +190,12 @@ def trace_from_row(row: dict, source: str, search=None,
         raise ValueError(f"unknown trace source '{source}'; valid: gold, solution, teacher")
     if not steps:
         return None, why
-    return make_trace(row["id"], row["question"], steps, row["answers"][0], searches, style), None
+    answer, flawed = row["answers"][0], source == "gold" and stops_early(row["id"], len(steps), flaw_rate, seed)
+    if flawed:
+        steps, answer, searches = steps[:-1], steps[-2][1], searches[:-1] if searches else searches
+    trace = make_trace(row["id"], row["question"], steps, answer, searches, style)
+    trace.flawed = flawed
+    return trace, None
 
 
 def _kind(reason: str) -> str:
@@ -239,7 +255,7 @@ def trace_from_episode(ep: Episode) -> tuple[Trace, list[Example]]:
 def trace_record(trace: Trace, examples: list[Example], source: str) -> dict:
     return {"qid": trace.qid, "question": trace.question, "answer": trace.answer, "source": source,
             "planner_turns": trace.planner_turns, "executor_calls": [list(c) for c in trace.executor_calls],
-            "examples": [e.to_json() for e in examples]}
+            "examples": [e.to_json() for e in examples], **({"flawed": True} if trace.flawed else {})}
 
 
 def _record_examples(path, i: int, rec: dict, roles=(PLANNER, EXECUTOR)) -> list[Example]:

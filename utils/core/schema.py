@@ -222,10 +222,11 @@ class TracesConfig:
     max_traces: int = field(0, "Cap on traces written, in train order (0 = one per usable training row).", minimum=0)
     max_subtasks: int = field(0, "Keep only traces with at most this many subtasks (0 = all lengths).", minimum=0)
     long_traces: int = field(0, "With max_subtasks: also keep this many longer ones, first in train order.", minimum=0)
-    critic_error_rate: float = field(0.2, "With model.templates.thinking: actor_critic, the share of gold executor "
-                                          "steps (integer results only) whose actor part shows a result off by one, "
-                                          "which the critic flags ('no') and the refined part corrects: "
-                                          "demonstrations of self-correction. Not tuned.")
+    critic_error_rate: float = field(0.2, "With model.templates.thinking: actor_critic, the share of gold executor steps "
+                                          "(integer results only) whose actor part shows a result off by one, which the "
+                                          "critic flags ('no') and the refined part corrects. Not tuned.")
+    flaw_rate: float = field(0.0, "The imperfect teacher: the share of gold chains of 2+ subtasks (drawn per question "
+                                  "from the seed) whose planner stops one subtask early and answers that result.")
     teacher_path: str = field("", "teacher source: base model directory (empty = model.path).")
     teacher_adapter: str = field("", "teacher source: optional LoRA adapter directory for the teacher.")
     teacher_samples: int = field(4, "teacher source: episodes sampled per question.", minimum=1)
