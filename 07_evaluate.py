@@ -1,10 +1,11 @@
 """07_evaluate: evaluate checkpoints on test.jsonl with greedy Planner/Executor rollouts.
 
---checkpoint NAME[,NAME...], each base | sft_warmup | red | grpo | fixed_sft | matched_sft | sft (or a
-path to a peft adapter dir): the bare base model, 04's adapter, or a method's final adapter (names from
-utils/core/methods.py). Several checkpoints share one sampling engine, which swaps adapters between
-them (starting an engine costs more than evaluating 200 items on it); each still gets its own folder
-and manifest, the same as when evaluated alone. Writes outputs/<run_id>/07_evaluate/<checkpoint>/:
+--checkpoint NAME[,NAME...], each base | sft_warmup | a method of utils/core/methods.py (red, grpo,
+fixed_sft, matched_sft, sft, rloo, gspo, red_paper), or a path to a peft adapter dir: the bare base
+model, 04's adapter, or a method's final adapter. Several checkpoints share one sampling engine,
+which swaps adapters between them (starting an engine costs more than evaluating 200 items on it);
+each still gets its own folder and manifest, the same as when evaluated alone. Writes
+outputs/<run_id>/07_evaluate/<checkpoint>/:
 metrics.json (accuracy under the spec's scorer with a bootstrap 95% CI, format compliance, turns and
 subtasks per episode, tokens per role, failure counts), breakdown.csv (one row per item with its
 failure category), samples/predictions.jsonl (full transcripts) and the manifest. With

@@ -6,7 +6,7 @@ per gold decomposition length, the sample accuracy, pass@n and how many subtasks
 
 Defaults to the run's 04_sft_warmup/ckpt_sft/best adapter. GRPO learns only from groups with a
 correct sample, so a length with pass@n = 0 at the rollout temperature gives no RL signal at all:
-every method would tie there. README "Choosing the default regime" and the results sections quote
+every method would tie there. docs/RESULTS.md and the journal quote
 this probe's figures.
 Rows without a gold decomposition (real datasets) are reported under "?".
 """

@@ -19,7 +19,7 @@ Above the last line: per-phase seconds and shares. The last line:
     P3=<update tok/s / bare fwd+bwd tok/s, same passes> sync_share=<weight sync / step>
 
 Every figure is a ratio of two timings from this one run, since the box is shared and noisy.
-README "Speed" quotes it. Not a test.
+docs/PERFORMANCE.md quotes it. Not a test.
 """
 import argparse
 import math

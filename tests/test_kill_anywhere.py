@@ -1,4 +1,4 @@
-"""Kill anywhere (README "Failure behaviour"): the driver's process group is SIGKILLed at seven
+"""Kill anywhere (docs/OPERATIONS.md, "Failure behaviour"): the driver's process group is SIGKILLed at seven
 exact points (utils/core/faults.py), one after another, each time re-running the same command;
 the run that survives them all ends with the same numbers as an uninterrupted one, on CPU. The
 rollouts run on the HF engine: on vLLM the same chain took 18 minutes on this box (an engine start

@@ -213,7 +213,7 @@ def test_gspo_on_policy_gradient_is_the_sequence_mean_of_token_gradients():
 
 
 def test_one_pass_gspo_and_rloo_are_rescalings_of_existing_choices():
-    """What the README says of them at one optimizer pass per batch: GSPO's gradient is PPO-clip's
+    """What docs/METHODS.md says of them at one optimizer pass per batch: GSPO's gradient is PPO-clip's
     under seq-mean-token-mean (both weight a sequence's tokens by 1/length), and RLOO's advantage is
     Dr. GRPO's (`none`) times n/(n-1), a constant that Adam's normalisation all but cancels."""
     torch.manual_seed(7)

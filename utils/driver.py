@@ -71,7 +71,7 @@ REPORT = Step("08_compare_runs", "08_compare_runs")
 
 # What a stage imports that is slow to import, by script: with `fork`, the driver imports it once,
 # before the first stage that needs it, and every later stage forked from the driver has it already
-# (README "Speed"). vLLM's modules (11 s on a 2-core box) only for a stage whose config samples with
+# (docs/PERFORMANCE.md). vLLM's modules (11 s on a 2-core box) only for a stage whose config samples with
 # vLLM. A wrong list costs time, never a result: the stage imports what it lacks.
 _MODELS = ("torch", "transformers", "transformers.models.auto.tokenization_auto")
 _TRAINER = (*_MODELS, "transformers.models.auto.modeling_auto", "peft")

@@ -338,8 +338,8 @@ def keep_freed_memory() -> bool:
     """Have glibc's malloc keep freed blocks of up to 32 MiB for reuse instead of returning them to the
     kernel (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD). Once an in-process vLLM engine holds its memory,
     glibc otherwise served every tensor of a few MiB with a fresh mmap: on this box a loop of
-    matrix products then ran at half speed, page-faulting 2.4M times where it had 46k (README
-    "Speed"). Returns whether glibc took the settings (False on another C library)."""
+    matrix products then ran at half speed, page-faulting 2.4M times where it had 46k
+    (docs/PERFORMANCE.md). Returns whether glibc took the settings (False on another C library)."""
     import ctypes
 
     try:

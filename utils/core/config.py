@@ -6,7 +6,7 @@ valid key, and a value of the wrong type names what was expected and what was fo
 
 The run config is assembled from three tiers, as in the seed pipeline:
     configs/models/<model>.yaml      -> `model`      (weights, LoRA, templates, engine)
-    configs/algorithms/<algo>.yaml   -> `algorithm`  (red | fixed_sft | grpo | sft)
+    configs/algorithms/<algo>.yaml   -> `algorithm`  (a method of utils/core/methods.py)
     configs/data/<data>.yaml         -> `data`
 then `--set a.b=value` overrides, applied last. The resolved tree is what manifests hash.
 """

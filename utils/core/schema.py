@@ -40,10 +40,10 @@ class EngineConfig:
                                      "(0.92 fails to start on a 24 GiB box; 0.3 works).", minimum=0.0)
     lora_serving: str = field("adapter", "vllm: serve the policy's LoRA as an adapter (LoRARequest), or merged "
                                          "into the base weights, reloaded on each policy change (no LoRA kernels "
-                                         "in decoding; README \"Speed\").", LORA_SERVING)
+                                         "in decoding; docs/PERFORMANCE.md).", LORA_SERVING)
     in_process: bool = field(False, "vllm: run the engine core and its worker in this process instead of two "
                                     "spawned ones (VLLM_ENABLE_V1_MULTIPROCESSING=0). On the 2-core box: engine "
-                                    "start 9 s instead of 22 s, decode steps up to 1.6x faster (README \"Speed\"). "
+                                    "start 9 s instead of 22 s, decode steps up to 1.6x faster (docs/PERFORMANCE.md). "
                                     "A second in-process engine in the same process needs `kv_cache_gb`. "
                                     "Untested on GPU.")
     kv_cache_gb: float = field(0.0, "vllm: KV cache size in GiB; 0 lets vLLM size it from `memory_share`. An "
@@ -127,7 +127,7 @@ class RedConfig:
 class RlConfig:
     enabled: bool = field(True, "Run GRPO; false gives SFT only.")
     steps: int = field(30, "Optimizer steps.", minimum=0)
-    questions_per_step: int = field(16, "Questions per rollout batch (chosen on val with lr, README).", minimum=1)
+    questions_per_step: int = field(16, "Questions per rollout batch (chosen on val, docs/RESULTS.md).", minimum=1)
     n_samples: int = field(4, "Samples per question (GRPO group size).", minimum=2)
     dynamic_sampling: int = field(0, "DAPO's dynamic sampling: drop groups whose answer scores are all equal (zero "
                                      "advantage) and refill from the next questions, at most this many extra "
@@ -135,15 +135,15 @@ class RlConfig:
     min_subtasks: int = field(0, "RL questions: only train rows whose gold decomposition has at least this many "
                                  "subtasks (0 = every row). SFT traces are unaffected (traces.*).", minimum=0)
     max_turns: int = field(8, "Planner turns before the episode is forced to end (gold needs subtasks + 1).", minimum=1)
-    temperature: float = field(0.7, "Rollout sampling temperature (chosen on val, README).", minimum=0.0)
-    lr: float = field(1e-4, "Learning rate (chosen on val: 5e-4 and 2e-4 lost accuracy, README).", minimum=0.0)
+    temperature: float = field(0.7, "Rollout sampling temperature (chosen on val, docs/RESULTS.md).", minimum=0.0)
+    lr: float = field(1e-4, "Learning rate (chosen on val: 5e-4 and 2e-4 lost accuracy).", minimum=0.0)
     clip_low: float = field(0.2, "PPO clip below 1.", minimum=0.0)
     clip_high: float = field(0.28, "PPO clip above 1 (clip-higher, as in DAPO).", minimum=0.0)
     loss_agg: str = field("token-mean", "How per-token losses are averaged (seq-mean: over episodes).", LOSS_AGGS)
-    loss_horizon: int = field(1024, "seq-mean-token-sum-norm: the constant an episode's token sum is divided by.", minimum=1)
+    loss_horizon: int = field(1024, "seq-mean-token-sum-norm's constant divisor of an episode's token sum.", minimum=1)
     adv_scaling: str = field("none", "Advantage: r - group mean scaled by the group's or batch's std, or not (none = "
                                      "Dr. GRPO: a 0.1 format gap is not blown up to a correct answer's size; chosen "
-                                     "on val, README), or rloo (r - mean of the group's other samples).", ADV_SCALINGS)
+                                     "on val), or rloo (r - mean of the group's other samples).", ADV_SCALINGS)
     policy_loss: str = field("ppo_clip", "Policy loss: ppo_clip (per-token ratio) or gspo (one clipped "
                                          "ratio per sequence; method gspo).", POLICY_LOSS_NAMES)
     tis_cap: float = field(0.0, "Truncated importance sampling: weight each token's policy loss by "
@@ -222,9 +222,9 @@ class TracesConfig:
     max_traces: int = field(0, "Cap on traces written, in train order (0 = one per usable training row).", minimum=0)
     max_subtasks: int = field(0, "Keep only traces with at most this many subtasks (0 = all lengths).", minimum=0)
     long_traces: int = field(0, "With max_subtasks: also keep this many longer ones, first in train order.", minimum=0)
-    critic_error_rate: float = field(0.2, "With model.templates.thinking: actor_critic, the share of gold executor steps "
-                                          "(integer results only) whose actor part shows a result off by one, which the "
-                                          "critic flags ('no') and the refined part corrects. Not tuned.")
+    critic_error_rate: float = field(0.2, "With thinking: actor_critic, the share of gold executor steps (integer "
+                                          "results only) whose actor part shows a result off by one, which the critic "
+                                          "flags ('no') and the refined part corrects. Not tuned.")
     flaw_rate: float = field(0.0, "The imperfect teacher: the share of gold chains of 2+ subtasks (drawn per question "
                                   "from the seed) whose planner stops one subtask early and answers that result.")
     teacher_path: str = field("", "teacher source: base model directory (empty = model.path).")
@@ -239,7 +239,7 @@ class WarmupConfig:
     steps: int = field(300, "SFT optimizer steps.", minimum=0)
     lr: float = field(5e-3, "Peak lr (linear warmup, then cosine decay to final_lr_ratio * lr).", minimum=0.0)
     final_lr_ratio: float = field(1.0, "LR at the last step as a share of the peak; 1 keeps it constant after "
-                                       "warmup (measured: the default task needs it, see README).")
+                                       "warmup (measured on regime A: docs/journal).")
     warmup_steps: int = field(30, "Linear warmup steps.", minimum=0)
     decay_start: int = field(0, "Step where the cosine decay begins; the lr stays at its peak until then "
                                 "(0 = decay right after the linear warmup).", minimum=0)

@@ -1,4 +1,4 @@
-"""Data-parallel training: the ranks a trainer runs as (README "Data-parallel training").
+"""Data-parallel training: the ranks a trainer runs as (docs/OPERATIONS.md, "Data-parallel training").
 
 A stage started by a distributed launcher (`accelerate launch` with a multi-process config, which
 is torch's elastic launcher underneath) finds WORLD_SIZE > 1 in its environment and joins the

@@ -1,0 +1,203 @@
+"""The front page and the docs hold (issue 46): README.md stays a short front page, every relative
+link in README.md and docs/ resolves, the front page names no commit, its methods table is the
+registry's, and every command it shows parses."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+README_MAX_LINES, FIRST_COMMAND_BY = 300, 40
+
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")  # [text](target); images are not links here
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+# a git hash as the docs would quote one: 7-40 lowercase hex characters with a digit and a letter
+HASH = re.compile(r"(?<![\w.-])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![\w-])")
+# `.venv/bin/python 09_driver.py ...` or `python 00_check_data.py ...` inside a code block
+COMMAND = re.compile(r"(?:^|[\s;&|(])(?:\.venv/bin/)?python3?\s+((?:[\w.-]+/)*[\w.-]+\.py)\b([^\n;&|]*)")
+
+
+def _docs() -> list[Path]:
+    return [README, *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def _without_code(text: str) -> str:
+    """The text with fenced code blocks and inline code blanked (links in them are not links)."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def _code_blocks(text: str) -> list[str]:
+    return re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, markup and punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading keeps its text
+    text = re.sub(r"[*`]", "", text).strip().lower()  # underscores stay, as on GitHub
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading anchor of a markdown file, with GitHub's -1, -2 ... for repeats."""
+    seen: dict[str, int] = {}
+    out = set()
+    for line in _without_fences(path.read_text()).splitlines():
+        m = HEADING.match(line)
+        if m:
+            base = slug(m.group(2))
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def _without_fences(text: str) -> str:
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def broken_links(path: Path, root: Path = ROOT) -> list[str]:
+    """The relative links of one markdown file whose file, or heading in a markdown file, is missing."""
+    out = []
+    for target in LINK.findall(_without_code(path.read_text())):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto: ...: not checked here
+            continue
+        file_part, _, anchor = target.partition("#")
+        dest = (path.parent / file_part).resolve() if file_part else path
+        if not dest.exists():
+            out.append(f"{path.relative_to(root)}: {target} (no such file)")
+        elif root not in dest.parents and dest != root:
+            out.append(f"{path.relative_to(root)}: {target} (outside the repository)")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            out.append(f"{path.relative_to(root)}: {target} (no heading '{anchor}' in {dest.name})")
+    return out
+
+
+def commit_hashes(text: str) -> list[str]:
+    return HASH.findall(text)
+
+
+def readme_commands(text: str) -> dict[str, set[str]]:
+    """Script -> the --flags the README's code blocks pass it (continuation lines joined)."""
+    out: dict[str, set[str]] = {}
+    for block in _code_blocks(text):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0]  # a trailing comment is not part of the command
+            for script, rest in COMMAND.findall(line):
+                out.setdefault(script, set()).update(re.findall(r"(?<![\w-])(--[\w-]+)", rest))
+    return out
+
+
+def test_readme_is_a_short_front_page():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines (at most {README_MAX_LINES})"
+    first = next((i for i, line in enumerate(lines, 1) if line.startswith("bash setup.sh")), None)
+    assert first is not None and first <= FIRST_COMMAND_BY, f"the first command is on line {first}"
+
+
+def test_readme_keeps_the_two_commands_ci_and_newcomers_run():
+    blocks = "\n".join(_code_blocks(README.read_text()))
+    assert "bash setup.sh && bash download.sh && .venv/bin/python 09_driver.py --method red\n" in blocks
+    assert "bash setup.sh && .venv/bin/python -m pytest -q\n" in blocks
+    assert "bash setup.sh && .venv/bin/python -m pytest -q" in (ROOT / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize("path", _docs(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(path):
+    assert not broken_links(path), "\n".join(broken_links(path))
+
+
+def test_the_link_check_can_fail(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (tmp_path / "outside.md").write_text("# Outside\n")
+    (repo / "a.md").write_text("# Top\n\n## Top\n\n[ok](#top-1) [gone](missing.md) [bad](#nowhere) `[code](x.md)`\n"
+                               "[out](../outside.md) [web](https://example.com/x.md)\n")
+    assert [b.split(": ", 1)[1] for b in broken_links(repo / "a.md", repo)] == [
+        "missing.md (no such file)", "#nowhere (no heading 'nowhere' in a.md)",
+        "../outside.md (outside the repository)"]
+    assert slug("Data-parallel training: `accelerate launch`") == "data-parallel-training-accelerate-launch"
+    assert slug("Running a study's branches at once: `--executor ray`") == \
+        "running-a-studys-branches-at-once---executor-ray"
+    assert slug("Other task: `synthetic_lookup`") == "other-task-synthetic_lookup"
+
+
+def test_readme_names_no_commit():
+    found = commit_hashes(README.read_text())
+    assert not found, f"README.md names commits (history goes to docs/journal/): {found}"
+
+
+def test_the_hash_check_tells_hashes_from_words_and_numbers():
+    assert commit_hashes("measured at 546e93f and b6d22a4a996629fabde296af3a4bce670a4f3fcf") == [
+        "546e93f", "b6d22a4a996629fabde296af3a4bce670a4f3fcf"]
+    prose = ("the decade's accepted facade, deadbeef defaced; 1,234,567 items, 0.7401234, 1e-4, 2026-11-25, "
+             "sha256, bf16, fp32, tok/s, 12345678, docs/journal/2026-11-25-regime-d.md, x86_64")
+    assert commit_hashes(prose) == []
+
+
+def _table_methods(text: str, after: str) -> list[str]:
+    """The first column of the first markdown table after the line starting with `after`."""
+    lines = text.split(after, 1)[1].splitlines()[1:]  # [0] is the rest of the header line
+    assert lines and lines[0].startswith("| ---"), f"no table after {after!r}"
+    rows = []
+    for line in lines[1:]:
+        if not line.startswith("|"):
+            break
+        rows.append(re.sub(r"[`* ]", "", line.split("|")[1]))
+    return rows
+
+
+def test_one_methods_table_and_it_is_the_registry():
+    from utils.core.methods import METHODS
+
+    readme = _table_methods(README.read_text(), "| method | trains in |")
+    methods_doc = _table_methods((ROOT / "docs" / "METHODS.md").read_text(), "| method | trains in |")
+    assert readme == list(METHODS), f"README's methods table lists {readme}, the registry {list(METHODS)}"
+    assert readme == methods_doc, "README.md and docs/METHODS.md show different methods tables"
+    table = lambda text: text.split("| method | trains in |", 1)[1].splitlines()[:len(METHODS) + 2]
+    assert table(README.read_text()) == table((ROOT / "docs" / "METHODS.md").read_text()), \
+        "README.md and docs/METHODS.md word the methods table differently"
+
+
+def test_readme_commands_parse():
+    """Each script the README runs answers --help, and knows every --flag the README passes it.
+    One interpreter runs every --help (runpy), so the shared imports are paid once."""
+    commands = readme_commands(README.read_text())
+    assert "09_driver.py" in commands, "the README's main command was not found"
+    for script in commands:
+        assert (ROOT / script).is_file(), f"README runs {script}, which does not exist"
+    probe = (
+        "import contextlib, io, json, runpy, sys\n"
+        "out = {}\n"
+        "for script in sys.argv[1:]:\n"
+        "    sys.argv = [script, '--help']\n"
+        "    buf = io.StringIO()\n"
+        "    code = 0\n"
+        "    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):\n"
+        "        try:\n"
+        "            runpy.run_path(script, run_name='__main__')\n"
+        "        except SystemExit as e:\n"
+        "            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)\n"
+        "    out[script] = [code, buf.getvalue()]\n"
+        "print(json.dumps(out))\n")
+    res = subprocess.run([sys.executable, "-c", probe, *sorted(commands)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120 * len(commands))
+    assert res.returncode == 0, res.stderr[-2000:]
+    helps = json.loads(res.stdout.strip().splitlines()[-1])
+    for script, flags in sorted(commands.items()):
+        code, text = helps[script]
+        assert code == 0 and "usage:" in text, f"{script} --help exited {code}:\n{text[-1000:]}"
+        unknown = sorted(f for f in flags if f not in text)
+        assert not unknown, f"README passes {script} flags its --help does not list: {unknown}"
+
+
+def test_the_command_finder_reads_code_blocks_only():
+    text = ("run `python 03_generate_sft_traces.py` in prose\n\n```bash\n"
+            "bash setup.sh && .venv/bin/python 09_driver.py --method red \\\n    --seeds 1,2  # a --note\n"
+            "python benchmarks/step_profile.py --run outputs/x\n.venv/bin/python -m pytest -q\n```\n")
+    assert readme_commands(text) == {"09_driver.py": {"--method", "--seeds"},
+                                     "benchmarks/step_profile.py": {"--run"}}
