@@ -85,7 +85,7 @@ def test_the_policy_and_its_batches_share_one_device(base_dir):
     moved = batch.to("meta")
     tensors = {f.name: getattr(moved, f.name) for f in fields(moved)
                if isinstance(getattr(moved, f.name), torch.Tensor)}
-    assert set(tensors) == {"ids", "attn", "mask", "sampler_lp", "adv", "offline", "accuracy", "token_adv"}
+    assert set(tensors) == {"ids", "attn", "mask", "sampler_lp", "adv", "offline", "accuracy", "token_adv", "episode"}
     assert {t.device.type for t in tensors.values()} == {"meta"}
     assert moved.roles == batch.roles and batch.ids.device.type == "cpu"  # a copy: the CPU batch is kept
     without = RlBatch(batch.ids, batch.attn, batch.mask, batch.sampler_lp, batch.adv, batch.roles)

@@ -145,13 +145,14 @@ def test_the_trainer_adds_verified_step_rewards(hf_engine, protocol_adapter, tmp
 
 def test_masked_tokens_cannot_change_a_per_token_advantage_loss():
     from test_losses import MASK
-    from utils.train.losses import AGGREGATIONS
+    from utils.train.losses import AGGREGATIONS, Agg
 
     torch.manual_seed(5)
     old, adv = torch.randn(2, 4) * 0.3, torch.randn(2, 4)
     adv_b = adv.clone()
     adv_b[MASK == 0] += 7.0  # advantages of prompt, result and padding positions are never read
-    for agg in AGGREGATIONS:
+    for name in AGGREGATIONS:
+        agg = Agg(name, torch.tensor([0, 1]), horizon=4)
         a = (torch.randn(2, 4) * 0.3).requires_grad_(True)
         b = a.detach().clone()
         b[MASK == 0] += 2.0
