@@ -31,7 +31,9 @@ def _sft(out, args, run_id, launch=(), env=None, extra=()):
 
 
 def _log(out, run_id) -> list[dict]:
-    return [json.loads(x) for x in (out / run_id / "04_sft_warmup" / "logs" / "train.jsonl").read_text().splitlines()]
+    """The warmup's log rows without their timings (time/step differs between any two runs)."""
+    rows = [json.loads(x) for x in (out / run_id / "04_sft_warmup" / "logs" / "train.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 
 
 VLLM_VALIDATION = set_args("model.engine.name=vllm", "warmup.eval_every=6")

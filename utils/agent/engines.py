@@ -35,7 +35,8 @@ from utils.core.tensors import pad
 
 
 class HFEngine(BatchedCalls):
-    """transformers generate, batched with left padding, optionally with a peft adapter."""
+    """transformers generate, batched with left padding, optionally with a peft adapter; on the GPU
+    where torch sees one (as vLLM picks its own device), else on the CPU."""
 
     name = "hf"
 
@@ -45,7 +46,8 @@ class HFEngine(BatchedCalls):
 
         self.torch = torch
         self.tokenizer = load_tokenizer(model_path, trust_remote_code)
-        self.base = load_causal_lm(model_path, cfg.dtype, trust_remote_code).eval()
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.base = load_causal_lm(model_path, cfg.dtype, trust_remote_code).to(self.device).eval()
         self.peft = None  # a PeftModel once the first adapter is set; later adapters are swapped in
         self._adapter: str | None = None  # the adapter generate uses (None: the bare base)
         self._loaded: str | None = None  # the adapter peft holds
@@ -83,7 +85,7 @@ class HFEngine(BatchedCalls):
 
     def _batch(self, prompts: list[list[int]], spec: SamplingSpec) -> list[Sample]:
         torch = self.torch
-        ids, mask = pad(prompts, self.pad_id, torch.long, left=True)
+        ids, mask = (t.to(self.device) for t in pad(prompts, self.pad_id, torch.long, left=True))
         width = ids.shape[1]
         greedy = spec.temperature == 0
         with torch.no_grad():
@@ -95,12 +97,12 @@ class HFEngine(BatchedCalls):
         gen = out.sequences[:, width:]
         scale = 1.0 if greedy else spec.temperature  # the sampled distribution: logits / T (top_p is 1 here)
         logps = torch.stack([torch.log_softmax(lg.float() if scale == 1.0 else lg.float() / scale, dim=-1)
-                             for lg in out.logits], dim=1)  # [B, T, V]
+                             .gather(1, gen[:, t, None])[:, 0] for t, lg in enumerate(out.logits)], dim=1)  # [B, T]
         samples = []
         for i in range(len(prompts)):
             row = gen[i].tolist()
             keep, text, reason = truncate_at_stop(self.tokenizer, row, spec.stop, self.eos_id)
-            lp = logps[i, torch.arange(keep), gen[i, :keep]].tolist()
+            lp = logps[i, :keep].tolist()
             samples.append(Sample(row[:keep], text, lp, reason))
         return samples
 

