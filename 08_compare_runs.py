@@ -7,7 +7,7 @@ Default: this run's directory, outputs/<run_id>. Reads every 07_evaluate/<checkp
 samples/predictions.jsonl, manifest) and every trainer's metrics.jsonl, and writes into
 outputs/<run_id>/08_compare_runs/ (or --out):
 - summary.csv: one row per run, seed and method, with the numbers exactly as in metrics.json;
-- plots/: reward_vs_step.png, test_accuracy.png, red_dynamics.png, time_per_phase.png;
+- plots/: reward_vs_step.png, test_accuracy.png, red_dynamics.png, red_mechanism.png, time_per_phase.png;
 - report.md: tables, the plots, paired tests of red against every other method and of every method
   against its warmup on the same (seed, test item) pairs (a t-test over seeds at two or more seeds,
   the item bootstrap at one: utils/eval/stats.py), and the config values that differ between

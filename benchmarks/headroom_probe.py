@@ -1,5 +1,6 @@
 """Is there anything for RL to find? Sample episodes from an adapter on a run's val split and report,
-per gold decomposition length, the sample accuracy, pass@n and how many subtasks episodes delegate.
+per gold decomposition length, the sample accuracy, pass@n and how many subtasks episodes delegate,
+and first, over every question, the sample accuracy (mean@n) and pass@n.
 
     .venv/bin/python benchmarks/headroom_probe.py --run outputs/run_001 [--adapter DIR]
         [--temperature 0.7] [--samples 8] [--max_turns 6] [--split val]
@@ -67,6 +68,8 @@ def main() -> int:
     engine.close()
     print(f"{adapter}: {len(rows)} {args.split} questions x {args.samples} samples at T={args.temperature}, "
           f"max_turns {args.max_turns}")
+    print(f"all: mean@{args.samples} {sum(s['answer'] for s in scored) / len(scored):.4f}  "
+          f"pass@{args.samples} {pass_at_k(scored):.4f}")
     for key, r in probe(rows, scored).items():
         print(f"gold subtasks {key}: sample accuracy {r['sample_accuracy']:.3f}  pass@{args.samples} "
               f"{r['pass_at_n']:.3f}  mean reward {r['mean_reward']:.2f}  subtasks delegated {r['subtasks']}")

@@ -91,7 +91,7 @@ def test_summary_and_report_carry_the_metrics_json_numbers(tmp_path):
     # t = 0.5 / (0.1147/√2) = 6.16 on 1 df, p 0.10: two seeds cannot show it
     assert "grpo vs sft_warmup: **no evidence either way** (grpo − sft_warmup = 0.5000 on 40 shared items over 2 seed(s)" in report
     assert "`0.0005`" in report and "`0.001`" in report  # the trainer configs differ in algorithm.rl.lr
-    for name in ("reward_vs_step", "test_accuracy", "red_dynamics", "time_per_phase"):
+    for name in ("reward_vs_step", "test_accuracy", "red_dynamics", "red_mechanism", "time_per_phase"):
         png = out / "plots" / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"](plots/{name}.png)" in report

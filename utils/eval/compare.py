@@ -190,6 +190,12 @@ def fmt(x, digits: int = 4) -> str:
     return str(x)
 
 
+def table(header: list[str], rows: list[list]) -> str:
+    """A markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
 def source_files(evals: list[Evaluation], trainings: list[Training]) -> list[Path]:
     files = []
     for e in evals:

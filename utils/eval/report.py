@@ -14,7 +14,8 @@ from pathlib import Path
 from utils.core.manifest import atomic_write_bytes, rel
 from utils.core.methods import METHODS, SFT_WARMUP
 from utils.eval.compare import (PHASES, SUMMARY_FIELDS, CompareError, Evaluation, Training, config_diff, fmt,
-                                method_key)
+                                method_key, table)
+from utils.eval.mechanism import mechanism_section, plot_mechanism
 from utils.eval.stats import holm, mean_ci_across_seeds, paired_test, verdict
 
 
@@ -52,7 +53,7 @@ def plot_all(evals: list[Evaluation], trainings: list[Training], out: Path) -> l
 
     many_runs = len({e.run for e in evals}) > 1
     made: list[str] = []
-    for plot in (_plot_reward, _plot_accuracy, _plot_red, _plot_phases):
+    for plot in (_plot_reward, _plot_accuracy, _plot_red, plot_mechanism, _plot_phases):
         name, fig = plot(plt, evals, trainings, many_runs)
         _save(fig, out, name, made)
     return made
@@ -135,10 +136,6 @@ def _phase_mean(t: Training, phase: str) -> float:
 
 
 # --------------------------------------------------------------------------------------- report
-def _table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def comparisons(evals: list[Evaluation], resamples: int, seed: int) -> list[dict]:
@@ -189,6 +186,7 @@ def render_report(evals: list[Evaluation], trainings: list[Training], tests: lis
              f"greedy Planner/Executor rollouts on each run's test split (07_evaluate).", ""]
     lines += _accuracy_section(evals)
     lines += _sampled_section(evals)
+    lines += mechanism_section(evals, trainings)
     lines += [f"Primary metric of the paired tests: **{primary_label(evals)}**.", ""]
     lines += _paired_section(tests, resamples)
     lines += _training_section(trainings)
@@ -223,7 +221,7 @@ def _sampled_section(evals: list[Evaluation]) -> list[str]:
             "over items (the policy RL optimises; CI a bootstrap over items); pass@k: items with a fully correct "
             "sample. mean@k up with greedy and pass@k flat is sharpening; greedy or pass@k up as well is new "
             "capability.", "",
-            _table(["run", "seed", "method", "greedy", "mean@k", "95% CI", "pass@k", "k", "temperature"], rows), ""]
+            table(["run", "seed", "method", "greedy", "mean@k", "95% CI", "pass@k", "k", "temperature"], rows), ""]
 
 
 def _accuracy_section(evals: list[Evaluation]) -> list[str]:
@@ -237,7 +235,7 @@ def _accuracy_section(evals: list[Evaluation]) -> list[str]:
         rows.append([e.run, fmt(e.seed), e.method, m["n"], fmt(m["accuracy"]), f"{fmt(lo)}–{fmt(hi)}",
                      fmt(m["format"]), fmt(m["answered"]), fmt(m["turns"], 2), fmt(m["subtasks"], 2),
                      fmt(m["tokens_planner"], 1), fmt(m["tokens_executor"], 1)])
-    lines += [_table(["run", "seed", "method", "n", "accuracy", "95% CI", "format", "answered", "turns",
+    lines += [table(["run", "seed", "method", "n", "accuracy", "95% CI", "format", "answered", "turns",
                       "subtasks", "tokens planner", "tokens executor"], rows), ""]
 
     lines += _length_section(evals)
@@ -253,7 +251,7 @@ def _accuracy_section(evals: list[Evaluation]) -> list[str]:
                          f"{fmt(max(lo, 0.0))}–{fmt(min(hi, 1.0))}" if lo is not None else "—",
                          fmt(min(accs)), fmt(max(accs))])
         lines += ["### Across seeds", "", "Mean of the per-seed accuracies with a t-interval over seeds.", "",
-                  _table(["run", "method", "seeds", "mean accuracy", "95% CI", "min", "max"], rows), ""]
+                  table(["run", "method", "seeds", "mean accuracy", "95% CI", "min", "max"], rows), ""]
     return lines
 
 
@@ -269,7 +267,7 @@ def _length_section(evals: list[Evaluation]) -> list[str]:
     return ["### By gold decomposition length", "",
             "Accuracy on the test items whose gold decomposition has that many subtasks (metrics.json "
             "`accuracy_by_gold_subtasks`).", "",
-            _table(["run", "seed", "method"] + [f"{k} subtasks" for k in lengths], rows), ""]
+            table(["run", "seed", "method"] + [f"{k} subtasks" for k in lengths], rows), ""]
 
 
 def _search_section(evals: list[Evaluation]) -> list[str]:
@@ -284,7 +282,7 @@ def _search_section(evals: list[Evaluation]) -> list[str]:
     return ["### Search", "",
             "Searches per subtask; retrieval hit: every gold fact of the item was among some search's top-k "
             "passages; accuracy on the items where retrieval hit and where it missed (— where there were none).",
-            "", _table(["run", "seed", "method", "searches / subtask", "retrieval hit rate", "accuracy (hit)",
+            "", table(["run", "seed", "method", "searches / subtask", "retrieval hit rate", "accuracy (hit)",
                         "accuracy (miss)"], rows), ""]
 
 
@@ -313,7 +311,7 @@ def _paired_section(tests: list[dict], resamples: int) -> list[str]:
                  fmt(t["mde"]), _p(t["p_value"]), _p(t.get("p_holm")), t["verdict"]]
                 for t in tests if t["family"] == family]
         lines += [f"## {title}", ""]
-        lines += [method, "", _table(["run", "difference", "seeds", "items", "mean diff", "95% CI", "items 95% CI",
+        lines += [method, "", table(["run", "difference", "seeds", "items", "mean diff", "95% CI", "items 95% CI",
                                       "MDE", "p", "p (Holm)", "first is"], rows), ""] if rows else [empty, ""]
     return lines
 
@@ -332,7 +330,7 @@ def _training_section(trainings: list[Training]) -> list[str]:
                      fmt(_train_accuracy(rl[-1]), 3) if rl else "—",
                      fmt(t.manifest.get("wall_seconds"), 1) if t.manifest else "—"]
                     + [fmt(phase[p], 2) for p in PHASES])
-    lines += [_table(["run", "seed", "method", "steps", "reward first", "reward last", "train acc first",
+    lines += [table(["run", "seed", "method", "steps", "reward first", "reward last", "train acc first",
                       "train acc last", "wall s"] + [f"{p.split('/')[1]} s/step" for p in PHASES], rows), ""]
     return lines
 
@@ -345,7 +343,7 @@ def _config_section(evals: list[Evaluation], trainings: list[Training], runs: li
     if diff:
         labels = list(by_method)
         lines += ["Between the trainer runs (from their manifests):", "",
-                  _table(["key"] + labels, [[k] + [f"`{v[lab]}`" for lab in labels] for k, v in diff]), ""]
+                  table(["key"] + labels, [[k] + [f"`{v[lab]}`" for lab in labels] for k, v in diff]), ""]
     else:
         lines += ["The trainer runs have identical configs or there is only one." if by_method
                   else "No trainer runs here.", ""]
@@ -355,7 +353,7 @@ def _config_section(evals: list[Evaluation], trainings: list[Training], runs: li
             per_run.setdefault(e.run, {}).update({f"07/{e.method}.{k}": v for k, v in e.manifest.get("config", {}).items()})
         diff = config_diff(per_run)
         lines += ["Between runs (07_evaluate configs):", "",
-                  _table(["key"] + runs, [[k] + [f"`{v.get(r, '—')}`" for r in runs] for k, v in diff])
+                  table(["key"] + runs, [[k] + [f"`{v.get(r, '—')}`" for r in runs] for k, v in diff])
                   if diff else "identical.", ""]
     return lines
 

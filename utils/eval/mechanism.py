@@ -1,0 +1,126 @@
+"""Is RED's mechanism exercised, and is a gain sharpening or new capability? Two checks of 08's report.
+
+RED's SFT weight is w_entropy · G^(1 − 2·batch_accuracy) (utils/train/red.py). It can only make red
+differ from fixed_sft if batch accuracy moves through the run, and the weight with it. The check
+compares the first tenth of a red run's steps with its last tenth (at least one step each):
+- mean sampled batch accuracy (`train/accuracy`) must differ by at least ACCURACY_SHIFT;
+- mean `red/final_weight` must differ by a factor of at least WEIGHT_RATIO, either way.
+Both hold: "exercised". Otherwise: "idle", naming what fell short. A tenth, not one step, since a
+step's accuracy over 16 questions swings by ±0.1 on its own.
+
+A trained method's gain over the SFT warmup (the mean over the seeds both have) is called
+*sharpening* when mean@k rose and neither greedy accuracy nor pass@k rose by half as much, and
+*new capability* when greedy or pass@k rose by at least half of mean@k's rise.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from statistics import fmean
+
+from utils.core.methods import SFT_WARMUP
+from utils.eval.compare import fmt, table
+
+ACCURACY_SHIFT = 0.2
+WEIGHT_RATIO = 2.0
+MECHANISM_METHODS = ("red",)
+
+
+def _tenths(values: list[float]) -> tuple[float, float]:
+    k = max(1, round(len(values) / 10))
+    return fmean(values[:k]), fmean(values[-k:])
+
+
+def red_mechanism(trainings) -> list[dict]:
+    """One row per red training with both series logged: the two tenths' means and the verdict."""
+    rows = []
+    for t in trainings:
+        if t.method not in MECHANISM_METHODS:
+            continue
+        steps = [h for h in t.history if "red/final_weight" in h and "train/accuracy" in h]
+        if len(steps) < 2:
+            continue
+        acc0, acc1 = _tenths([h["train/accuracy"] for h in steps])
+        w0, w1 = _tenths([h["red/final_weight"] for h in steps])
+        ratio = max(w0, w1) / min(w0, w1) if min(w0, w1) > 0 else math.inf
+        short = ([f"accuracy moved {acc1 - acc0:+.3f} (needs ±{ACCURACY_SHIFT})"] if abs(acc1 - acc0) < ACCURACY_SHIFT
+                 else []) + ([f"weight ratio {ratio:.2f} (needs ≥ {WEIGHT_RATIO:g})"] if ratio < WEIGHT_RATIO else [])
+        rows.append({"run": t.run, "seed": t.seed, "method": t.method, "steps": len(steps), "acc_first": acc0,
+                     "acc_last": acc1, "weight_first": w0, "weight_last": w1, "weight_ratio": ratio,
+                     "verdict": "exercised" if not short else "idle: " + "; ".join(short)})
+    return rows
+
+
+def gain_kinds(evals) -> list[dict]:
+    """Per run and trained method evaluated with samples: mean over shared seeds of its greedy, mean@k
+    and pass@k minus the warmup's, and the kind of gain."""
+    table: dict = defaultdict(dict)
+    for e in evals:
+        k = e.metrics.get("samples")
+        if k:
+            table[(e.run, e.method)][e.seed] = (e.metrics["accuracy"], e.metrics[f"mean@{k}"], e.metrics[f"pass@{k}"])
+    rows = []
+    for (run, method), by_seed in sorted(table.items()):
+        base = table.get((run, SFT_WARMUP), {})
+        seeds = sorted(set(by_seed) & set(base), key=str)
+        if method == SFT_WARMUP or not seeds:
+            continue
+        d = [fmean(by_seed[s][i] - base[s][i] for s in seeds) for i in range(3)]
+        if d[1] <= 0:
+            kind = "no gain on mean@k"
+        elif max(d[0], d[2]) >= d[1] / 2:
+            kind = "new capability"
+        else:
+            kind = "sharpening"
+        rows.append({"run": run, "method": method, "seeds": len(seeds), "d_greedy": d[0], "d_mean": d[1],
+                     "d_pass": d[2], "kind": kind})
+    return rows
+
+
+def plot_mechanism(plt, evals, trainings, many_runs):  # noqa: ARG001 - the plot interface of report.py
+    """Sampled batch accuracy and red's final weight per step, each red run's tenths marked."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for t in trainings:
+        if t.method not in MECHANISM_METHODS:
+            continue
+        lab = f"{t.run}/{t.method}" + (f" s{t.seed}" if t.seed is not None else "")
+        for ax, key in ((ax1, "train/accuracy"), (ax2, "red/final_weight")):
+            pts = [(h["step"], h[key]) for h in t.history if key in h]
+            if len(pts) < 2:
+                continue
+            (line,) = ax.plot(*zip(*pts), alpha=0.5, label=lab)
+            k = max(1, round(len(pts) / 10))
+            first, last = _tenths([v for _, v in pts])
+            ax.plot([pts[0][0], pts[k - 1][0]], [first] * 2, color=line.get_color(), linewidth=3)
+            ax.plot([pts[-k][0], pts[-1][0]], [last] * 2, color=line.get_color(), linewidth=3)
+    ax1.set(xlabel="step", ylabel="share of correct episodes", title="Sampled batch accuracy (bars: first/last tenth)")
+    ax2.set(xlabel="step", ylabel="w_entropy · w_acc", title="RED's final SFT weight (bars: first/last tenth)")
+    for ax in (ax1, ax2):
+        if ax.lines:
+            ax.legend(fontsize=7)
+    return "red_mechanism.png", fig
+
+
+def mechanism_section(evals, trainings) -> list[str]:
+    """The report's section: the gain kinds, then RED's mechanism check; empty if neither applies."""
+    gains, mech = gain_kinds(evals), red_mechanism(trainings)
+    lines = []
+    if gains:
+        lines += ["### Sharpening or new capability", "",
+                  "Each method minus the SFT warmup, mean over the seeds both have. Sharpening: mean@k up, greedy and "
+                  "pass@k up by less than half as much; new capability: greedy or pass@k up by at least half of it.", "",
+                  table(["run", "method", "seeds", "Δ greedy", "Δ mean@k", "Δ pass@k", "kind"],
+                         [[g["run"], g["method"], g["seeds"], fmt(g["d_greedy"]), fmt(g["d_mean"]), fmt(g["d_pass"]),
+                           g["kind"]] for g in gains]), ""]
+    if mech:
+        lines += ["### RED's mechanism", "",
+                  f"First against last tenth of each red run's steps: sampled batch accuracy must move by at least "
+                  f"{ACCURACY_SHIFT} and red's final SFT weight by a factor of at least {WEIGHT_RATIO:g}, or the "
+                  "mechanism was idle and red could not differ from a fixed weight for its own reasons "
+                  "(plots/red_mechanism.png).", "",
+                  table(["run", "seed", "steps", "accuracy first", "last", "weight first", "last", "ratio", "verdict"],
+                         [[m["run"], fmt(m["seed"]), m["steps"], fmt(m["acc_first"], 3), fmt(m["acc_last"], 3),
+                           fmt(m["weight_first"], 3), fmt(m["weight_last"], 3), fmt(m["weight_ratio"], 2), m["verdict"]]
+                          for m in mech]), ""]
+    return lines
+
