@@ -18,7 +18,7 @@ import math
 from collections import defaultdict
 from statistics import fmean
 
-from utils.core.methods import SFT_WARMUP
+from utils.core.methods import METHODS, SFT_WARMUP
 from utils.eval.compare import fmt, table
 
 ACCURACY_SHIFT = 0.2
@@ -63,7 +63,7 @@ def gain_kinds(evals) -> list[dict]:
     for (run, method), by_seed in sorted(table.items()):
         base = table.get((run, SFT_WARMUP), {})
         seeds = sorted(set(by_seed) & set(base), key=str)
-        if method == SFT_WARMUP or not seeds:
+        if method not in METHODS or not seeds:  # base and the warmup itself are no trained method
             continue
         d = [fmean(by_seed[s][i] - base[s][i] for s in seeds) for i in range(3)]
         if d[1] <= 0:
