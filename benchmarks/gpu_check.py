@@ -52,6 +52,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpu_shapes import SHAPES, gpu_reset, param_count, seed_shape  # noqa: E402
+from utils.core.io import read_jsonl  # noqa: E402
+from utils.core.manifest import read_manifest  # noqa: E402
 
 STAGES = ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces", "04_sft_warmup")
 RL_STAGE = "05_train_red_grpo"
@@ -118,16 +120,8 @@ def as_process(script: str, argv: list[str], hidden: str, fault: str | None = No
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, start_new_session=True, timeout=600)
 
 
-def _manifest(run: Path, stage: str) -> dict:
-    return json.loads((run / stage / "manifest.json").read_text())
-
-
-def _log(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
 def _stage_record(run: Path, stage: str, seconds: float) -> dict:
-    m = _manifest(run, stage)
+    m = read_manifest(run / stage)
     return {"seconds": round(seconds, 2), "status": m["status"], "peak_gpu_mb": m.get("peak_gpu_mb"),
             "device": m.get("device")}
 
@@ -141,7 +135,7 @@ def killed_and_resumed(run: Path, argv: list[str], steps: int, hidden: str) -> d
     again = as_process(RL_STAGE, argv, hidden)
     for proc in (killed, again):  # into this run's log, which the children's output would otherwise miss
         print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n", flush=True)
-    steps_logged = [r["step"] for r in _log(run / RL_STAGE / "red" / "metrics.jsonl")]
+    steps_logged = [r["step"] for r in read_jsonl(run / RL_STAGE / "red" / "metrics.jsonl")]
     said = f"resuming red from step {k - 1}"
     out = {"killed_returncode": killed.returncode, "resumed_returncode": again.returncode,
            "expected": said, "said_it": said in again.stdout, "steps_logged": steps_logged,
@@ -175,15 +169,15 @@ def chain(args, dtype: str, data: Path, kill: bool) -> dict:
             return out
         stage = f"{RL_STAGE}/red" if script == RL_STAGE else "07_evaluate/red" if script == "07_evaluate" else script
         out["stages"][script] = _stage_record(run, stage, time.time() - t0)
-    sft = [r["time/step"] for r in _log(run / "04_sft_warmup" / "logs" / "train.jsonl")][1:]  # the first warms up
-    rl = _log(run / RL_STAGE / "red" / "metrics.jsonl")
+    sft = [r["time/step"] for r in read_jsonl(run / "04_sft_warmup" / "logs" / "train.jsonl")][1:]  # the first warms up
+    rl = read_jsonl(run / RL_STAGE / "red" / "metrics.jsonl")
     out["sft_step_s_median"] = round(statistics.median(sft), 5)
     out["rl_steps"] = [{k: r.get(k) for k in ("step", "time/rollout", "time/logprobs", "time/update",
                                               "time/weight_sync", "rollout/logprob_mismatch", "train/accuracy")}
                        for r in rl]
     out["accuracy"] = {c: json.loads((run / "07_evaluate" / c / "metrics.json").read_text())["accuracy"]
                        for c in ("sft_warmup", "red")}
-    out["warmup_val_accuracy"] = _manifest(run, "04_sft_warmup")["metrics"].get("final_val_accuracy")
+    out["warmup_val_accuracy"] = read_manifest(run / "04_sft_warmup")["metrics"].get("final_val_accuracy")
     return out
 
 

@@ -11,6 +11,8 @@ import statistics
 import time
 from pathlib import Path
 
+from utils.core.manifest import peak_gpu_mb
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SHAPES = {  # the published architectures (the models' config.json): built at random, nothing downloaded
@@ -41,10 +43,6 @@ def gpu_reset() -> None:
 def _sync(torch) -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def _peak_mb(torch) -> float | None:
-    return round(torch.cuda.max_memory_allocated() / 2 ** 20, 1) if torch.cuda.is_initialized() else None
 
 
 def build_random(name: str, dims: dict, model_type: str, dtype: str, where: Path) -> int:
@@ -90,7 +88,7 @@ def time_rollout(path: Path, dtype: str, n: int, budget_p: int, budget_e: int) -
     last = engine.generate(second, SamplingSpec(budget_p), [3])
     _sync(torch)
     tokens = sum(len(s[0].token_ids) for batch in (first, ex, last) for s in batch)
-    out = {"seconds": round(time.time() - t0, 2), "tokens": tokens, "peak_gpu_mb": _peak_mb(torch)}
+    out = {"seconds": round(time.time() - t0, 2), "tokens": tokens, "peak_gpu_mb": peak_gpu_mb()}
     del engine
     gpu_reset()
     return out
@@ -163,7 +161,7 @@ def time_training(policy, cfg, n: int, lens: dict, budget_p: int, budget_e: int,
             sft = sft_batch(term, 0, dev)
             out["update_s"] = _timed_steps(torch, policy, lambda: red_grpo_loss(
                 policy, batch, None, sft, cfg.algorithm, RedState(), 0.5).loss)
-            out.update(update_episodes=n, update_sequences=2 * n, update_peak_gpu_mb=_peak_mb(torch))
+            out.update(update_episodes=n, update_sequences=2 * n, update_peak_gpu_mb=peak_gpu_mb())
             break
         except torch.OutOfMemoryError:
             out["oom_at_episodes"].append(n)
@@ -171,7 +169,7 @@ def time_training(policy, cfg, n: int, lens: dict, budget_p: int, budget_e: int,
             n //= 2
     gpu_reset()
     out["sft_step_s"] = _timed_steps(torch, policy, lambda: sft_loss(policy, sft_examples, 0))
-    out.update(sft_sequences=sft_n, sft_peak_gpu_mb=_peak_mb(torch))
+    out.update(sft_sequences=sft_n, sft_peak_gpu_mb=peak_gpu_mb())
     return out
 
 

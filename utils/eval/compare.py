@@ -190,6 +190,12 @@ def fmt(x, digits: int = 4) -> str:
     return str(x)
 
 
+def curve_label(t: Training, many_runs: bool) -> str:
+    """A training's name in a plot legend: its method and seed, with its run when several are drawn."""
+    label = t.method if t.seed is None else f"{t.method} s{t.seed}"
+    return f"{t.run}:{label}" if many_runs else label
+
+
 def table(header: list[str], rows: list[list]) -> str:
     """A markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

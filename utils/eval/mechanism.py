@@ -19,15 +19,20 @@ from collections import defaultdict
 from statistics import fmean
 
 from utils.core.methods import METHODS, SFT_WARMUP
-from utils.eval.compare import fmt, table
+from utils.eval.compare import curve_label, fmt, table
 
 ACCURACY_SHIFT = 0.2
 WEIGHT_RATIO = 2.0
 MECHANISM_METHODS = ("red",)
 
 
+def _tenth(n: int) -> int:
+    """Steps in a tenth of an n-step run (at least one)."""
+    return max(1, round(n / 10))
+
+
 def _tenths(values: list[float]) -> tuple[float, float]:
-    k = max(1, round(len(values) / 10))
+    k = _tenth(len(values))
     return fmean(values[:k]), fmean(values[-k:])
 
 
@@ -77,19 +82,19 @@ def gain_kinds(evals) -> list[dict]:
     return rows
 
 
-def plot_mechanism(plt, evals, trainings, many_runs):  # noqa: ARG001 - the plot interface of report.py
+def plot_mechanism(plt, evals, trainings, many_runs):  # noqa: ARG001 - evals: the plot interface of report.py
     """Sampled batch accuracy and red's final weight per step, each red run's tenths marked."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for t in trainings:
         if t.method not in MECHANISM_METHODS:
             continue
-        lab = f"{t.run}/{t.method}" + (f" s{t.seed}" if t.seed is not None else "")
+        lab = curve_label(t, many_runs)
         for ax, key in ((ax1, "train/accuracy"), (ax2, "red/final_weight")):
             pts = [(h["step"], h[key]) for h in t.history if key in h]
             if len(pts) < 2:
                 continue
             (line,) = ax.plot(*zip(*pts), alpha=0.5, label=lab)
-            k = max(1, round(len(pts) / 10))
+            k = _tenth(len(pts))
             first, last = _tenths([v for _, v in pts])
             ax.plot([pts[0][0], pts[k - 1][0]], [first] * 2, color=line.get_color(), linewidth=3)
             ax.plot([pts[-k][0], pts[-1][0]], [last] * 2, color=line.get_color(), linewidth=3)

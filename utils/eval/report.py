@@ -14,7 +14,7 @@ from pathlib import Path
 from utils.core.manifest import atomic_write_bytes, rel
 from utils.core.methods import METHODS, SFT_WARMUP
 from utils.eval.compare import (PHASES, SUMMARY_FIELDS, CompareError, Evaluation, Training, config_diff, fmt,
-                                method_key, table)
+                                curve_label, method_key, table)
 from utils.eval.mechanism import mechanism_section, plot_mechanism
 from utils.eval.stats import holm, mean_ci_across_seeds, paired_test, verdict
 
@@ -40,11 +40,6 @@ def _save(fig, out: Path, name: str, made: list[str]) -> None:
     made.append(name)
 
 
-def _curve_label(t: Training, many_runs: bool) -> str:
-    label = t.method if t.seed is None else f"{t.method} s{t.seed}"
-    return f"{t.run}:{label}" if many_runs else label
-
-
 def plot_all(evals: list[Evaluation], trainings: list[Training], out: Path) -> list[str]:
     """Draw every plot into `out`; returns the file names written."""
     import matplotlib
@@ -64,7 +59,7 @@ def _plot_reward(plt, evals, trainings, many_runs):
     for t in trainings:
         pts = [(h["step"], h["critic/rewards/mean"]) for h in t.history if "critic/rewards/mean" in h]
         if pts:
-            ax.plot(*zip(*pts), marker=".", label=_curve_label(t, many_runs))
+            ax.plot(*zip(*pts), marker=".", label=curve_label(t, many_runs))
     ax.set(xlabel="RL step", ylabel="mean episode reward (critic/rewards/mean)", title="Training reward")
     if ax.lines:
         ax.legend(fontsize=8)
@@ -80,7 +75,7 @@ def _plot_accuracy(plt, evals, trainings, many_runs):
     for e in ordered:
         lo, hi = e.metrics["accuracy_ci95"]
         acc = e.metrics["accuracy"]
-        labels.append(_curve_label(Training(e.run, e.seed, e.method, e.directory, []), many_runs))
+        labels.append(curve_label(Training(e.run, e.seed, e.method, e.directory, []), many_runs))
         accs.append(acc)
         errs[0].append(max(acc - lo, 0.0))
         errs[1].append(max(hi - acc, 0.0))
@@ -93,7 +88,7 @@ def _plot_accuracy(plt, evals, trainings, many_runs):
 def _plot_red(plt, evals, trainings, many_runs):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for t in trainings:
-        lab = _curve_label(t, many_runs)
+        lab = curve_label(t, many_runs)
         for key, style in (("red/final_weight", "-"), ("red/entropy_weight", "--"), ("red/accuracy_factor", ":")):
             pts = [(h["step"], h[key]) for h in t.history if key in h]
             if pts:
@@ -112,7 +107,7 @@ def _plot_red(plt, evals, trainings, many_runs):
 
 def _plot_phases(plt, evals, trainings, many_runs):
     fig, ax = plt.subplots(figsize=(7, 4))
-    names, bottoms = [_curve_label(t, many_runs) for t in trainings], [0.0] * len(trainings)
+    names, bottoms = [curve_label(t, many_runs) for t in trainings], [0.0] * len(trainings)
     for phase in PHASES:
         vals = [_phase_mean(t, phase) for t in trainings]
         ax.bar(range(len(trainings)), vals, bottom=bottoms, label=phase.split("/")[1])
