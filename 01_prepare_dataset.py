@@ -18,7 +18,7 @@ from utils.core.cli import parse_stage_args
 from utils.core.io import read_records, write_jsonl
 from utils.core.manifest import StageRun, path_sha256
 from utils.core.models import load_tokenizer
-from utils.core.schema import repo_path
+from utils.core.config import repo_path
 from utils.core.stages import StageError, model_dir, parent, run_main, stage_config, stage_dir
 from utils.data.adapters import get_adapter
 from utils.data.prepare import CONTEXT_CORPUS, PrepareError, context_to_corpus, prepare_splits

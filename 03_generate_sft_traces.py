@@ -26,7 +26,7 @@ from utils.core.cli import parse_stage_args
 from utils.core.io import read_jsonl, write_jsonl
 from utils.core.manifest import StageRun, atomic_write_json
 from utils.core.models import load_tokenizer
-from utils.core.schema import repo_path
+from utils.core.config import repo_path
 from utils.core.stages import StageError, model_dir, output_path, parent, run_main, stage_config, stage_dir
 from utils.reward.spec import read_spec, score_answer
 

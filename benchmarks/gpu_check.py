@@ -150,7 +150,9 @@ def chain(args, dtype: str, data: Path, kill: bool) -> dict:
     run_id = f"gpu_check_{dtype}"
     run = args.out / "runs" / run_id
     steps = 3 if args.quick else 5
-    sets = [f"outputs_dir={args.out / 'runs'}", f"data.path={data}", f"model.device={args.device}",
+    # regime D: a check of the path, not of a study; the default's dynamic sampling would stop a
+    # warmup this short on a step whose every group scores alike
+    sets = ["regime=regime_d", f"outputs_dir={args.out / 'runs'}", f"data.path={data}", f"model.device={args.device}",
             "model.engine.name=hf", f"model.dtype={dtype}", f"model.engine.dtype={dtype}", "wandb_mode=disabled",
             "warmup.steps=200", "warmup.decay_start=0", "warmup.eval_every=0", "warmup.eval_size=50", f"algorithm.rl.steps={steps}", "algorithm.rl.save_freq=1",
             *(QUICK_SETS if args.quick else []), *args.set]
@@ -221,7 +223,7 @@ def main() -> int:
     shutil.rmtree(args.out / "runs", ignore_errors=True)
     r: dict = {"argv": sys.argv[1:], "env": environment(), "chain": {}, "seed_shape": {}}
     save = lambda: (args.out / "gpu_check.json").write_text(json.dumps(r, indent=1))  # noqa: E731
-    from utils.core.schema import load_run_config
+    from utils.core.loader import load_run_config
     from utils.data.synthetic import write_dataset
 
     data = load_run_config("tiny-arith", "red", "synthetic_arith", QUICK_SETS if args.quick else []).data

@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from utils.core.config import ConfigError, describe
-from utils.core.schema import RunConfig, load_run_config
-from utils.core.config import CONFIG_DIR
+from utils.core.config import CONFIG_DIR, ConfigError, describe, read_yaml
+from utils.core.schema import RunConfig
+from utils.core.loader import load_run_config
 
 
 def test_default_tiers_resolve_to_the_embedded_default():
@@ -216,3 +216,57 @@ def test_a_run_id_cannot_leave_the_outputs_folder(run_id):
     with pytest.raises(ConfigError, match="must name a folder inside outputs_dir"):
         load_run_config(overrides=[f"run_id={run_id}"])
     assert load_run_config(overrides=["run_id=study/seed_2"]).run_id == "study/seed_2"
+
+
+def test_the_embedded_default_runs_in_its_data_tiers_regime():
+    cfg = load_run_config()
+    assert cfg.regime == "imperfect_teacher"
+    regime = read_yaml(CONFIG_DIR / "regimes" / "imperfect_teacher.yaml")
+    assert cfg.traces.flaw_rate == regime["traces"]["flaw_rate"] > 0
+    assert (cfg.eval.primary, cfg.eval.samples) == ("mean_at_k", 4)
+    assert cfg.algorithm.rl.dynamic_sampling == 2
+    assert cfg.warmup.steps == 800 and cfg.traces.max_traces == 96  # the tier's run: section still applies
+    d = load_run_config(overrides=["regime=regime_d"])
+    assert (d.regime, d.traces.flaw_rate, d.eval.primary, d.eval.samples, d.algorithm.rl.dynamic_sampling) == \
+        ("regime_d", 0.0, "greedy", 0, 0)
+    assert d.warmup.steps == 800 and d.traces.max_traces == 96
+    bare = load_run_config(overrides=["regime="])
+    assert bare.regime == "" and bare.traces.flaw_rate == RunConfig().traces.flaw_rate
+    assert load_run_config(data="gsm8k").regime == ""  # a tier that names none runs in none
+
+
+def test_the_regime_sits_between_the_tiers_run_section_and_the_run_yaml(tmp_path):
+    regime = tmp_path / "r.yaml"
+    regime.write_text("traces:\n  flaw_rate: 0.25\nwarmup:\n  steps: 7\nalgorithm:\n  rl:\n    steps: 9\n")
+    cfg = load_run_config(overrides=[f"regime={regime}"])
+    assert (cfg.traces.flaw_rate, cfg.warmup.steps, cfg.algorithm.rl.steps) == (0.25, 7, 9)
+    assert cfg.traces.max_traces == 96  # the data tier's run: section, not set by the regime
+    run = tmp_path / "run.yaml"
+    run.write_text(f"regime: {regime}\nwarmup:\n  steps: 5\n")
+    cfg = load_run_config(run=str(run))  # a run YAML may name the regime, and wins over it
+    assert (cfg.regime, cfg.traces.flaw_rate, cfg.warmup.steps) == (str(regime), 0.25, 5)
+    cfg = load_run_config(run=str(run), overrides=["regime=regime_d", "warmup.steps=3"])
+    assert (cfg.regime, cfg.traces.flaw_rate, cfg.warmup.steps) == ("regime_d", 0.0, 3)
+
+
+@pytest.mark.parametrize("body,message", [
+    ("model:\n  name: x\n", "a regime sets run-level sections and algorithm.rl only"),
+    ("regime: regime_d\n", "a regime sets run-level sections and algorithm.rl only"),
+    ("algorithm:\n  sft:\n    loss_coef: 1.0\n", "a regime sets run-level sections and algorithm.rl only"),
+    ("traces:\n  flaw_rat: 0.3\n", r"r.yaml.*did you mean 'flaw_rate'"),
+])
+def test_a_bad_regime_is_refused_naming_its_file(tmp_path, body, message):
+    regime = tmp_path / "r.yaml"
+    regime.write_text(body)
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(overrides=[f"regime={regime}"])
+    with pytest.raises(ConfigError, match=r"no regimes config named 'regime_e'; did you mean 'regime_d'"):
+        load_run_config(overrides=["regime=regime_e"])
+
+
+def test_every_shipped_regime_loads_under_every_method():
+    names = sorted(p.stem for p in (CONFIG_DIR / "regimes").glob("*.yaml"))
+    assert names == ["imperfect_teacher", "regime_d"]
+    for name in names:
+        for path in sorted((CONFIG_DIR / "algorithms").glob("*.yaml")):
+            assert load_run_config(algorithm=path.stem, overrides=[f"regime={name}"]).regime == name

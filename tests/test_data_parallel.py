@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import free_port, set_args
+from helpers import REGIME_D, free_port, set_args
 from test_data_stages import run_stage
 from test_sft_stages import _sft_args, prepared  # noqa: F401  (a fixture)
 from utils.core.config import ROOT
@@ -105,7 +105,7 @@ def test_ranks_stop_with_a_killed_launcher_and_the_same_command_resumes(prepared
     assert [r["step"] for r in _log(out, "orphan")] == list(range(1, 61))  # every step once
 
 
-RL = set_args("algorithm.rl.steps=2", "algorithm.rl.questions_per_step=4", "algorithm.rl.n_samples=2",
+RL = set_args(REGIME_D, "algorithm.rl.steps=2", "algorithm.rl.questions_per_step=4", "algorithm.rl.n_samples=2",
               "algorithm.rl.save_freq=1", "algorithm.rl.dump_freq=1", "wandb_mode=disabled")
 
 

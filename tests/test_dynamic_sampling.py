@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from scripted import RuleEngine
 from test_trainer import _trainer
-from utils.core.schema import load_run_config
+from utils.core.loader import load_run_config
 from utils.core.stages import StageError
 from utils.core.stream import take
 
@@ -77,9 +77,34 @@ def test_a_step_with_no_signal_stops_the_run_without_training(hf_base, base_dir,
     assert trainer.state.step == 0
 
 
-def test_dynamic_sampling_is_refused_with_red_paper_experts(base_dir, tmp_path):
+def test_an_expert_gives_its_group_a_signal_under_red_paper(hf_base, base_dir, tmp_path):
+    """Every rollout is wrong; a question with a (right) red_paper expert still has a signal, since the
+    expert takes its group's last place, so exactly the questions with experts are kept."""
+    from utils.agent.traces import OfflineSample, examples_from_trace, trace_from_row
+
+    cfg = load_run_config(algorithm="red_paper", overrides=[
+        "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=4", "algorithm.rl.n_samples=4",
+        "algorithm.rl.dynamic_sampling=3", "algorithm.rl.save_freq=100", "algorithm.rl.dump_freq=0"])
+    trainer = _trainer(cfg, None, None, tmp_path, base_dir)
+    trainer.engine = trainer.rollout.engine = _engine(hf_base, base_dir, trainer.rows, mixed=set())
+    for row in trainer.rows[::3]:
+        trace, _ = trace_from_row(row, "gold")
+        trainer.offline[row["id"]] = OfflineSample(examples_from_trace(trace, trainer.rollout.codec), trace.answer,
+                                                   [t for t, _ in trace.executor_calls])
+    experts = {r["question"] for r in trainer.rows[::3]}
+    kept, seen, used = _expected(trainer, 3, experts)
+    metrics = trainer.step()
+    rows, _ = trainer.last_rollout
+    assert [r["id"] for r in rows] == [q["id"] for q in kept] and len(kept) == 4
+    assert metrics["train/dropped_groups"] == len(seen) - 4 > 0 and metrics["train/sampling_rounds"] == used
+    assert metrics["red_paper/offline_groups"] == 4 and metrics["train/accuracy"] == 0.0  # rollouts only
+
+
+def test_dynamic_sampling_is_refused_on_several_ranks(tmp_path):
+    from utils.train.world import World
     from utils.train.grpo_trainer import GrpoTrainer
 
-    with pytest.raises(StageError, match="dynamic_sampling needs one rank and no red_paper experts"):
+    with pytest.raises(StageError, match=r"dynamic_sampling=2 needs one rank \(this run has 2\).*"
+                                         r"set algorithm.rl.dynamic_sampling=0"):
         GrpoTrainer(_cfg(2), torch.nn.Linear(1, 1), None, None, None, [], [], 0, tmp_path, None, "sha",
-                    offline={"q": object()})
+                    world=World(rank=0, size=2))

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from helpers import set_args
+from helpers import REGIME_D, set_args
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 # short chains and enough SFT for a protocol-following start, so that episodes run several turns
 # and the rollout kill points fall mid-episode (a 6-step warmup ends every episode at turn one)
-SETS = ["data.n_train=40", "data.n_val=4", "data.n_test=6", "data.min_steps=2", "data.max_steps=3",
+SETS = [REGIME_D, "data.n_train=40", "data.n_val=4", "data.n_test=6", "data.min_steps=2", "data.max_steps=3",
         "warmup.steps=150", "warmup.lr=0.003", "warmup.decay_start=0", "warmup.save_every=50",
         "warmup.eval_every=0", "warmup.eval_size=4", "warmup.batch_size=8", "algorithm.rl.steps=3",
         "algorithm.rl.save_freq=1", "algorithm.rl.questions_per_step=2", "algorithm.rl.n_samples=2",

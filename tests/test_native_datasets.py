@@ -7,7 +7,8 @@ from transformers import AutoTokenizer
 
 from test_data_stages import FIXTURES, manifest, run_stage
 from utils.agent.prompts import TemplateError, fit_context, render_executor, render_planner
-from utils.core.schema import DataConfig, TemplatesConfig, load_run_config
+from utils.core.schema import DataConfig, TemplatesConfig
+from utils.core.loader import load_run_config
 from utils.data.adapters import Row
 from utils.data.decompose import finqa_program_steps, gsm8k_annotation_steps, hotpot_bridge_steps
 from utils.data.prepare import PrepareError, prepare_splits

@@ -62,7 +62,7 @@ def test_chunked_forward_matches_one_pass(base_dir, temperature):
 def test_one_pass_update_needs_no_separate_old_logprobs(base_dir):
     """With one optimizer pass per batch the old log-probs are the update's own, detached: the loss,
     its gradient and the logged sampler mismatch equal those of a separate old-log-prob forward."""
-    from utils.core.schema import load_run_config
+    from utils.core.loader import load_run_config
     from utils.train.grpo import RlBatch, red_grpo_loss
     from utils.train.red import RedState
 

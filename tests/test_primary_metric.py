@@ -78,7 +78,7 @@ def test_08_refuses_a_run_whose_evaluations_disagree_on_the_primary_metric(tmp_p
 
 def test_07_refuses_mean_at_k_without_samples(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        run_stage("07_evaluate", tmp_path, "--set", "eval.primary=mean_at_k")
+        run_stage("07_evaluate", tmp_path, "--set", "eval.primary=mean_at_k", "--set", "eval.samples=0")
     assert exc.value.code == 2 and "eval.primary=mean_at_k needs eval.samples > 0" in capsys.readouterr().err
 
 

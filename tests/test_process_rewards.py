@@ -7,12 +7,14 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from helpers import REGIME_D
 from test_trainer import _trainer
 from utils.agent.episode import Episode, Segment
 from utils.agent.rollout import Codec
 from utils.agent.traces import episode_from_trace, make_trace
 from utils.core.config import ConfigError
-from utils.core.schema import ProcessRewardConfig, load_run_config
+from utils.core.schema import ProcessRewardConfig
+from utils.core.loader import load_run_config
 from utils.reward.process import JudgePRM, expected_steps, parse_verdict, verifier_rewards
 from utils.reward.spec import RewardSpec
 from utils.train.grpo import build_rl_batch
@@ -129,7 +131,7 @@ def test_the_judge_asks_the_sft_model_on_a_real_engine(hf_engine, protocol_adapt
 
 def test_the_trainer_adds_verified_step_rewards(hf_engine, protocol_adapter, tmp_path, base_dir):
     cfg = load_run_config(algorithm="grpo", overrides=[
-        "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=3", "algorithm.rl.n_samples=3",
+        REGIME_D, "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=3", "algorithm.rl.n_samples=3",
         "algorithm.rl.dump_freq=0", "algorithm.rl.save_freq=100", "reward.process.source=verifier"])
     trainer = _trainer(cfg, hf_engine, protocol_adapter, tmp_path, base_dir)
     trainer.spec = RewardSpec(process=ProcessRewardConfig(source="verifier"))

@@ -10,13 +10,13 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from helpers import kill_once_logged
+from helpers import REGIME_D, kill_once_logged
 from test_data_stages import FIXTURES, manifest, run_stage
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset
 
-SMALL = ["--set", "data.n_train=60", "--set", "data.n_val=8", "--set", "data.n_test=8"]
+SMALL = ["--set", "data.n_train=60", "--set", "data.n_val=8", "--set", "data.n_test=8", "--set", REGIME_D]
 
 
 @pytest.fixture
@@ -315,7 +315,7 @@ def test_the_imperfect_teacher_stops_a_share_of_chains_one_subtask_early(prepare
     on any CPU) lose their last subtask and answer the result before it; every other trace is the
     gold one, byte for byte; 1-subtask chains are never flawed."""
     from utils.agent.traces import stops_early
-    from utils.core.schema import load_run_config
+    from utils.core.loader import load_run_config
 
     out, args = prepared
     no_cap = ("--set", "traces.max_subtasks=0")

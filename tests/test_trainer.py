@@ -9,10 +9,11 @@ import torch
 from transformers import AutoTokenizer
 
 from test_sft_stages import prepared  # noqa: F401 - fixture
-from helpers import SHORT_CHAINS, set_args
+from helpers import REGIME_D, SHORT_CHAINS, set_args
 from test_data_stages import manifest, run_stage
 from utils.agent.rollout import Codec, Rollout, RolloutSpec
-from utils.core.schema import DataConfig, load_run_config
+from utils.core.schema import DataConfig
+from utils.core.loader import load_run_config
 from utils.data.synthetic import generate_rows
 
 MISMATCH_TOL = 1e-4  # fp32 CPU; see tests/test_engines.py for the engine agreement itself
@@ -36,7 +37,7 @@ def _trainer(cfg, engine, adapter, tmp_path, base_dir):
 
 
 def _cfg(*extra):
-    return load_run_config(overrides=["algorithm.rl.steps=3", "algorithm.rl.questions_per_step=4",
+    return load_run_config(overrides=[REGIME_D, "algorithm.rl.steps=3", "algorithm.rl.questions_per_step=4",
                                       "algorithm.rl.n_samples=4", "algorithm.rl.lr=0.003", "algorithm.rl.save_freq=100",
                                       "algorithm.rl.dump_freq=0", *extra])
 
@@ -177,7 +178,7 @@ def test_non_finite_gradient_or_reward_skips_and_k_in_a_row_stop(hf_engine, prot
                                                    ("grpo", False, True), ("sft", True, False),
                                                    ("rloo", False, True), ("gspo", False, True)])
 def test_methods_are_configs_of_one_trainer(method, has_sft, has_rl, hf_engine, protocol_adapter, tmp_path, base_dir):
-    cfg = load_run_config(algorithm=method, overrides=["algorithm.rl.steps=1", "algorithm.rl.questions_per_step=2",
+    cfg = load_run_config(algorithm=method, overrides=[REGIME_D, "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=2",
                                                        "algorithm.rl.n_samples=2", "algorithm.rl.dump_freq=0"])
     (m,) = _trainer(cfg, hf_engine, protocol_adapter, tmp_path, base_dir).train()
     assert ("actor/sft_loss" in m) == has_sft
@@ -202,13 +203,13 @@ def _run_05(out, *args: str) -> int:
     return run_main("05_train_red_grpo", lambda: run_rl_stage("05_train_red_grpo", "", argv, default_algorithm="red"))
 
 
-RL_SHORT = set_args("model.engine.name=hf", "algorithm.rl.steps=2", "algorithm.rl.questions_per_step=2",
+RL_SHORT = set_args(REGIME_D, "model.engine.name=hf", "algorithm.rl.steps=2", "algorithm.rl.questions_per_step=2",
                     "algorithm.rl.n_samples=2", "wandb_mode=disabled")
 
 
 def _warm_start(out, args) -> list[str]:
     """Run 03 and a 20-step 04 on the prepared run; returns the SFT flags the RL runs must repeat."""
-    sft = set_args("warmup.steps=20", "warmup.eval_every=0", "warmup.eval_size=2", "model.engine.name=hf")
+    sft = set_args(REGIME_D, "warmup.steps=20", "warmup.eval_every=0", "warmup.eval_size=2", "model.engine.name=hf")
     assert run_stage("03_generate_sft_traces", out, *args) == 0
     assert run_stage("04_sft_warmup", out, *args, *sft) == 0
     return sft

@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from utils.core.cli import parse_stage_args
-from utils.core.config import ROOT
+from utils.core.config import ROOT, repo_path
 from utils.core.manifest import (MANIFEST_NAME, atomic_write_json, config_sha256, manifest_digest, path_sha256, seal_state,
                                  read_manifest, rel, utc_now)
 from utils.core.methods import BASE, METHODS, SFT_WARMUP
-from utils.core.schema import repo_path
 from utils.core.signals import run_child, run_forked
 from utils.core.stages import stage_config, stage_dir
 from utils.eval.compare import DEFAULT_RESAMPLES, compare_settings

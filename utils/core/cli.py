@@ -12,7 +12,8 @@ import argparse
 import sys
 
 from utils.core.config import ConfigError, describe
-from utils.core.schema import RunConfig, load_run_config
+from utils.core.schema import RunConfig
+from utils.core.loader import load_run_config
 
 
 def stage_parser(description: str) -> argparse.ArgumentParser:

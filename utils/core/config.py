@@ -204,3 +204,9 @@ def describe(cls: type, prefix: str = "") -> list[str]:
             valid += f" [>= {f.metadata['minimum']}]"
         lines.append(f"  {key} = {default!r}{valid}: {f.metadata.get('help', '')}")
     return lines
+
+
+def repo_path(p: str) -> Path:
+    """Resolve a config path relative to the repo root (absolute paths pass through)."""
+    path = Path(p)
+    return path if path.is_absolute() else ROOT / path

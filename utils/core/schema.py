@@ -2,23 +2,20 @@
 
 Each field's `help` is what `--help-config` prints. Stages add fields here, never constants in
 their scripts. Fields with a fixed set of values list them (`choices`), so a typo fails when the
-config is parsed, naming the valid values, not at RL step 1. `load_run_config` assembles the
-tiers and the overrides, and refuses a method label that its flags contradict (utils/core/methods.py).
+config is parsed, naming the valid values, not at RL step 1. utils/core/loader.py assembles a
+RunConfig from the tiers, the regime and the overrides.
 The value sets of `choices` live in utils/core/choices.py (most mirror a registry in a higher
 layer, and tests/test_config.py checks that the two lists agree); they are importable from here too.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from utils.core.choices import (DTYPES, ENGINE_NAMES, LORA_SERVING, LOSS_AGGS, ADV_SCALINGS, POLICY_LOSS_NAMES,
                                 SCORER_NAMES, ADAPTER_NAMES, RETRIEVER_NAMES, TRAIN_ROLES, INDEPENDENCE_REFS,
                                 OFFLINE_SHIFTS, THINKING_MODES, LEAKAGE_POLICIES, PRIMARY_METRICS)
-from utils.core.config import (ROOT, ConfigError, apply_overrides, deep_merge, field, from_dict, read_yaml,
-                               tier_path)
-from utils.core.methods import METHODS, contradictions, implied_method
+from utils.core.config import field
+from utils.core.methods import METHODS
 
 
 @dataclass
@@ -319,6 +316,9 @@ class ToolConfig:
 class RunConfig:
     run_id: str = field("run_001", "Outputs go to outputs/<run_id>/.")
     seed: int = field(1, "Seed for every random choice in the run.")
+    regime: str = field("", "The named regime, configs/regimes/<name>.yaml: run-level settings merged over the "
+                            "tiers' run: sections, under --config and --set. A data tier names its default "
+                            "(synthetic_arith: imperfect_teacher); --set regime=regime_d selects another.")
     outputs_dir: str = field("outputs", "Root of all run outputs (relative to the repo).")
     threads: int = field(0, "torch CPU threads; 0 keeps torch's default.")
     wandb_mode: str = field("auto", "auto is offline unless WANDB_API_KEY is set.",
@@ -331,70 +331,3 @@ class RunConfig:
     warmup: WarmupConfig = field(WarmupConfig(), "LoRA SFT warmup run by 04_sft_warmup.")
     tool: ToolConfig = field(ToolConfig(), "The executor's search tool (off unless tool.retriever is set).")
     eval: EvalConfig = field(EvalConfig(), "Test-split evaluation by 07_evaluate (and what 08 tests).")
-
-
-def load_run_config(model: str = "tiny-arith", algorithm: str = "red", data: str = "synthetic_arith",
-                    overrides: list[str] | None = None, run: str | None = None) -> RunConfig:
-    """Assemble the tiers, then the tiers' `run:` sections, then the optional run-level YAML, then the
-    overrides. A tier's `run:` section holds run-level defaults that belong with that tier, e.g. the
-    trace regime and warmup length the embedded task was tuned with (configs/data/synthetic_arith.yaml)."""
-    tree: dict = {}
-    tier_runs: list[dict] = []
-    for key, tier, name in (("model", "models", model), ("algorithm", "algorithms", algorithm),
-                            ("data", "data", data)):
-        path = tier_path(tier, name)
-        tree[key] = read_yaml(path)
-        section = tree[key].pop("run", None)
-        from_dict(type(getattr(RunConfig(), key)), tree[key], str(path))  # fail early, naming the file
-        if section is not None:
-            if not isinstance(section, dict) or set(section) & {"model", "algorithm", "data"}:
-                raise ConfigError(f"{path}: 'run' must be a mapping of run-level sections (e.g. traces, warmup), "
-                                  f"not of the model, algorithm or data tiers")
-            from_dict(RunConfig, section, f"{path} (run)")
-            tier_runs.append(section)
-    for section in tier_runs:
-        tree = deep_merge(tree, section)
-    if run:
-        run_tree = read_yaml(Path(run))
-        from_dict(RunConfig, run_tree, run)
-        tree = deep_merge(tree, run_tree)
-    apply_overrides(tree, overrides or [], RunConfig)
-    cfg = from_dict(RunConfig, tree, "config")
-    problems = contradictions(cfg.algorithm)
-    if problems:
-        other = implied_method(cfg.algorithm)
-        hint = f"; these flags are method '{other}': use --algorithm {other}" if other else ""
-        raise ConfigError(f"algorithm.method '{cfg.algorithm.method}' contradicts {'; '.join(problems)}{hint}")
-    check_process(cfg)
-    check_run_id(cfg.run_id)
-    return cfg
-
-
-def check_process(cfg: RunConfig) -> None:
-    """Process rewards give planner tokens their own advantages: only PPO-clip's per-token loss takes
-    them (GSPO's ratio is per sequence; red_paper's expert sequences have no planner turns of their own)."""
-    if cfg.reward.process.source == "none" or not cfg.algorithm.rl.enabled:
-        return
-    if cfg.algorithm.rl.policy_loss != "ppo_clip" or cfg.algorithm.red_paper.offline:
-        raise ConfigError(f"reward.process.source={cfg.reward.process.source} needs per-token advantages, which "
-                          f"method '{cfg.algorithm.method}' does not take (policy_loss "
-                          f"{cfg.algorithm.rl.policy_loss}, red_paper.offline "
-                          f"{str(cfg.algorithm.red_paper.offline).lower()}); use it with red, grpo, fixed_sft, "
-                          f"matched_sft or rloo")
-
-
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*")
-
-
-def check_run_id(run_id: str) -> None:
-    """A run id names a folder inside outputs_dir: letters, digits, '.', '_', '-', and '/' between
-    parts (`study/seed_2`); no absolute path, no '..', no empty part, so no run writes outside it."""
-    if not _RUN_ID.fullmatch(run_id) or ".." in run_id.split("/"):
-        raise ConfigError(f"run_id {run_id!r}: must name a folder inside outputs_dir (letters, digits, '.', '_', "
-                          f"'-', parts joined by '/'; no leading '/', no '..')")
-
-
-def repo_path(p: str) -> Path:
-    """Resolve a config path relative to the repo root (absolute paths pass through)."""
-    path = Path(p)
-    return path if path.is_absolute() else ROOT / path

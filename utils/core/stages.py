@@ -16,12 +16,12 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from utils.core.config import ConfigError, to_dict
+from utils.core.config import ConfigError, repo_path, to_dict
 from utils.core.io import DataError
 from utils.core.lock import HOLDER_ENV, RunLocked
 from utils.core.manifest import MANIFEST_NAME, StageRun, read_manifest
 from utils.core.methods import BASE, CHECKPOINTS, METHODS, SFT_WARMUP
-from utils.core.schema import RunConfig, repo_path
+from utils.core.schema import RunConfig
 from utils.core.signals import (PARENT_ENV, TERMINATED_EXIT, Terminated, die_with_parent, is_spawned_child,
                                 sigterm_as_interrupt)
 

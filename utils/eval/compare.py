@@ -20,7 +20,8 @@ from pathlib import Path
 from utils.core.io import DataError, read_records
 from utils.core.manifest import MANIFEST_NAME, read_manifest, rel
 from utils.core.methods import CHECKPOINTS, METHODS
-from utils.core.schema import RunConfig, repo_path
+from utils.core.schema import RunConfig
+from utils.core.config import repo_path
 from utils.core.stages import StageError, run_dir
 
 TRAINER_DIRS = tuple(sorted({m.trainer for m in METHODS.values()}))

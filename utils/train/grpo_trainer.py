@@ -67,10 +67,10 @@ class GrpoTrainer:
         params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=self.alg.rl.lr, weight_decay=self.alg.rl.weight_decay)
         self.state = TrainState()
-        if self.alg.rl.dynamic_sampling and (world.size > 1 or self.offline):
-            raise StageError("algorithm.rl.dynamic_sampling needs one rank and no red_paper experts: its refill "
-                             "rounds draw questions from a stream the ranks would have to share, and an expert "
-                             "changes its group's scores")
+        if self.alg.rl.dynamic_sampling and world.size > 1:
+            raise StageError(f"algorithm.rl.dynamic_sampling={self.alg.rl.dynamic_sampling} needs one rank (this "
+                             f"run has {world.size}): its refill rounds draw questions from a stream the ranks "
+                             f"would have to share; set algorithm.rl.dynamic_sampling=0")
         self.last_rollout: tuple[list[dict], list] | None = None
         self.ckpt_dir = out_dir / "ckpt"
         self.policy_dir = out_dir / ("policy" if world.main else f"policy_rank{world.rank}")  # one per engine
@@ -251,8 +251,9 @@ class GrpoTrainer:
         sampling (algorithm.rl.dynamic_sampling = R > 0, DAPO), a group whose answer scores are all
         equal has zero advantage and is dropped; the batch is refilled from the stream's next
         questions, at most R extra rounds, and the first questions_per_step groups with a signal are
-        kept. RED's accuracy is then over every episode sampled this step (a filtered batch has lost
-        its all-right groups). No group with a signal after R extra rounds stops the run."""
+        kept. With red_paper experts, a group's scores are those after its expert replaces its last
+        rollout. RED's accuracy is then over every episode sampled this step (a filtered batch has
+        lost its all-right groups). No group with a signal after R extra rounds stops the run."""
         rl, n, seed, step = self.alg.rl, self.alg.rl.n_samples, self.cfg.seed, self.state.step
         episodes = self.rollout.run(rows, n=n, seed=seed, step=step, first=first)
         scored = score_episodes(episodes, self.spec)
@@ -264,7 +265,10 @@ class GrpoTrainer:
             seen += scored
             for g, row in enumerate(rows):
                 group = slice(g * n, (g + 1) * n)
-                if len({s["answer"] for s in scored[group]}) > 1:
+                answers = [s["answer"] for s in scored[group]]
+                if row["id"] in self.offline:  # red_paper: the expert takes the last rollout's place
+                    answers[-1] = self._expert_score(row)[1]["answer"]
+                if len(set(answers)) > 1:
                     kept.append((row, episodes[group], scored[group]))
                 else:
                     dropped += 1
@@ -295,12 +299,17 @@ class GrpoTrainer:
             if sample is None:
                 continue
             i = g * n + n - 1
-            reward, comps = score_answer(self.spec, row["question"], sample.answer, row["answers"], 1.0,
-                                         sample.n_tokens, sample.subtasks)
+            reward, comps = self._expert_score(row)
             group_rewards[i] = reward
             answers = [s["answer"] for s in scored[g * n:i]] + [comps["answer"]]
             experts.append((i, sample, sum(map(is_correct, answers)) / n))
         return group_rewards, experts
+
+    def _expert_score(self, row: dict) -> tuple[float, dict]:
+        """red_paper: the reward and components of `row`'s expert trace, scored like a rollout."""
+        sample = self.offline[row["id"]]
+        return score_answer(self.spec, row["question"], sample.answer, row["answers"], 1.0, sample.n_tokens,
+                            sample.subtasks)
 
     def _process_bonus(self, rows: list[dict], episodes: list) -> tuple[list[list[float]], dict]:
         """Per episode and planner turn, process_weight × the discounted, group-normalised step rewards

@@ -1,0 +1,110 @@
+"""Assemble a RunConfig (utils/core/schema.py) from its sources, in this order, each over the last:
+
+1. the three tiers: configs/models/, configs/algorithms/ and configs/data/;
+2. the tiers' `run:` sections: run-level defaults that belong with a tier, e.g. the warmup length
+   the embedded task was tuned with (configs/data/synthetic_arith.yaml);
+3. the regime, configs/regimes/<regime>.yaml: run-level settings of a named experimental regime
+   (how the demonstrations are made, what 08 tests, how RL samples). A data tier's `run:` names
+   its default; a run-level YAML or `--set regime=NAME` picks another;
+4. the optional run-level YAML (`--config`);
+5. the `--set` overrides.
+
+It then refuses a method label that its flags contradict (utils/core/methods.py), process rewards
+on a method that cannot take them, and a run id that would write outside outputs_dir.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from utils.core.config import ConfigError, apply_overrides, deep_merge, from_dict, read_yaml, tier_path
+from utils.core.methods import contradictions, implied_method
+from utils.core.schema import RunConfig
+
+def load_run_config(model: str = "tiny-arith", algorithm: str = "red", data: str = "synthetic_arith",
+                    overrides: list[str] | None = None, run: str | None = None) -> RunConfig:
+    """The run's config from its tiers, their `run:` sections, the regime, the run-level YAML `run`
+    and the `overrides` (`a.b=value`), each over the last."""
+    tree: dict = {}
+    tier_runs: list[dict] = []
+    for key, tier, name in (("model", "models", model), ("algorithm", "algorithms", algorithm),
+                            ("data", "data", data)):
+        path = tier_path(tier, name)
+        tree[key] = read_yaml(path)
+        section = tree[key].pop("run", None)
+        from_dict(type(getattr(RunConfig(), key)), tree[key], str(path))  # fail early, naming the file
+        if section is not None:
+            if not isinstance(section, dict) or set(section) & {"model", "algorithm", "data"}:
+                raise ConfigError(f"{path}: 'run' must be a mapping of run-level sections (e.g. traces, warmup, "
+                                  f"regime), not of the model, algorithm or data tiers")
+            from_dict(RunConfig, section, f"{path} (run)")
+            tier_runs.append(section)
+    for section in tier_runs:
+        tree = deep_merge(tree, section)
+    run_tree = {}
+    if run:
+        run_tree = read_yaml(Path(run))
+        from_dict(RunConfig, run_tree, run)
+    overrides = overrides or []
+    regime = _chosen_regime(tree, run_tree, overrides)
+    if regime:
+        tree = deep_merge(tree, {**read_regime(regime), "regime": regime})
+    tree = deep_merge(tree, run_tree)
+    apply_overrides(tree, overrides, RunConfig)
+    cfg = from_dict(RunConfig, tree, "config")
+    problems = contradictions(cfg.algorithm)
+    if problems:
+        other = implied_method(cfg.algorithm)
+        hint = f"; these flags are method '{other}': use --algorithm {other}" if other else ""
+        raise ConfigError(f"algorithm.method '{cfg.algorithm.method}' contradicts {'; '.join(problems)}{hint}")
+    check_process(cfg)
+    check_run_id(cfg.run_id)
+    return cfg
+
+
+def _chosen_regime(tree: dict, run_tree: dict, overrides: list[str]) -> str:
+    """The regime's name: the last `regime=` override, else the run-level YAML's, else the tiers'."""
+    chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "regime"]
+    if chosen:
+        return chosen[-1]
+    return str(run_tree.get("regime", tree.get("regime", "")) or "")
+
+
+def read_regime(name: str) -> dict:
+    """The regime `name` (a stem in configs/regimes/ or a YAML path), checked against the schema. A
+    regime sets run-level sections, the algorithm's RL sampling included, but no tier, no method and
+    no other regime."""
+    path = tier_path("regimes", name)
+    tree = read_yaml(path)
+    algorithm = tree.get("algorithm") or {}
+    if "regime" in tree or set(tree) & {"model", "data"} or not isinstance(algorithm, dict) or \
+            set(algorithm) - {"rl"}:
+        raise ConfigError(f"{path}: a regime sets run-level sections and algorithm.rl only, not 'regime', the "
+                          f"model or data tier, or the method's flags")
+    from_dict(RunConfig, tree, str(path))
+    return tree
+
+
+def check_process(cfg: RunConfig) -> None:
+    """Process rewards give planner tokens their own advantages: only PPO-clip's per-token loss takes
+    them (GSPO's ratio is per sequence; red_paper's expert sequences have no planner turns of their own)."""
+    if cfg.reward.process.source == "none" or not cfg.algorithm.rl.enabled:
+        return
+    if cfg.algorithm.rl.policy_loss != "ppo_clip" or cfg.algorithm.red_paper.offline:
+        raise ConfigError(f"reward.process.source={cfg.reward.process.source} needs per-token advantages, which "
+                          f"method '{cfg.algorithm.method}' does not take (policy_loss "
+                          f"{cfg.algorithm.rl.policy_loss}, red_paper.offline "
+                          f"{str(cfg.algorithm.red_paper.offline).lower()}); use it with red, grpo, fixed_sft, "
+                          f"matched_sft or rloo")
+
+
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*")
+
+
+def check_run_id(run_id: str) -> None:
+    """A run id names a folder inside outputs_dir: letters, digits, '.', '_', '-', and '/' between
+    parts (`study/seed_2`); no absolute path, no '..', no empty part, so no run writes outside it."""
+    if not _RUN_ID.fullmatch(run_id) or ".." in run_id.split("/"):
+        raise ConfigError(f"run_id {run_id!r}: must name a folder inside outputs_dir (letters, digits, '.', '_', "
+                          f"'-', parts joined by '/'; no leading '/', no '..')")
+
