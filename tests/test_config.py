@@ -270,3 +270,22 @@ def test_every_shipped_regime_loads_under_every_method():
     for name in names:
         for path in sorted((CONFIG_DIR / "algorithms").glob("*.yaml")):
             assert load_run_config(algorithm=path.stem, overrides=[f"regime={name}"]).regime == name
+
+
+def test_help_config_names_the_layer_that_set_each_value(capsys):
+    from utils.core.cli import parse_stage_args
+
+    with pytest.raises(SystemExit) as exc:
+        parse_stage_args("t", ["--help-config", "--set", "algorithm.rl.lr=0.001"])
+    assert exc.value.code == 0
+    lines = {line.split(" = ")[0].strip(): line for line in capsys.readouterr().out.splitlines()}
+    assert "= 0.5 (from configs/regimes/imperfect_teacher.yaml; default 0.0)" in lines["traces.flaw_rate"]
+    assert "= 'imperfect_teacher' (from configs/data/synthetic_arith.yaml (run:); default '')" in lines["regime"]
+    assert "= 800 (from configs/data/synthetic_arith.yaml (run:); default 300)" in lines["warmup.steps"]
+    assert "= 0.001 (from --set; default 0.0001)" in lines["algorithm.rl.lr"]
+    assert "= 5.0 (from configs/algorithms/red.yaml; default" in lines["algorithm.red.G"]
+    assert lines["warmup.lr"].startswith("  warmup.lr = 0.005 [>= 0.0]:")  # set by no layer: the default alone
+    with pytest.raises(SystemExit):
+        parse_stage_args("t", ["--help-config", "--set", "regime=regime_d"])
+    out = capsys.readouterr().out
+    assert "traces.flaw_rate = 0.0 (from configs/regimes/regime_d.yaml; default 0.0)" in out

@@ -4,16 +4,17 @@
                        [--config run.yaml] [--run_id run_001] [--seed 1] [--set key.sub=value ...]
 
 `--set` may repeat; keys are dotted paths into the run config (`--help-config` lists them all,
-with defaults and help). Unknown keys fail with the nearest valid key.
+with the effective value of this command line, the tier, regime, run YAML or `--set` that set it,
+the schema default and help). Unknown keys fail with the nearest valid key.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from utils.core.config import ConfigError, describe
+from utils.core.config import ConfigError, describe, to_dict
 from utils.core.schema import RunConfig
-from utils.core.loader import load_run_config
+from utils.core.loader import config_layers, config_sources, load_run_config
 
 
 def stage_parser(description: str) -> argparse.ArgumentParser:
@@ -26,7 +27,8 @@ def stage_parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=None, help="shorthand for --set seed=...")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override one config value, e.g. --set algorithm.red.G=3 (repeatable)")
-    ap.add_argument("--help-config", action="store_true", help="list every config key with its default")
+    ap.add_argument("--help-config", action="store_true",
+                    help="list every config key with its effective value, the file or flag that set it, and its default")
     return ap
 
 
@@ -35,9 +37,6 @@ def parse_stage_args(description: str, argv: list[str] | None = None,
     """Parse the shared flags and load the resolved config; exits 2 with a clear message on errors."""
     ap = parser or stage_parser(description)
     args = ap.parse_args(argv)
-    if args.help_config:
-        print("\n".join(describe(RunConfig)))
-        sys.exit(0)
     overrides = list(args.overrides)
     if args.run_id is not None:
         overrides.append(f"run_id={args.run_id}")
@@ -45,6 +44,10 @@ def parse_stage_args(description: str, argv: list[str] | None = None,
         overrides.append(f"seed={args.seed}")
     try:
         cfg = load_run_config(args.model, args.algorithm, args.data, overrides, args.config)
+        if args.help_config:  # every key with its effective value, and the file or flag that set it
+            sources = config_sources(config_layers(args.model, args.algorithm, args.data, overrides, args.config))
+            print("\n".join(describe(RunConfig, values=to_dict(cfg), sources=sources)))
+            sys.exit(0)
     except ConfigError as exc:
         ap.exit(2, f"{ap.prog}: config error: {exc}\n")
     return cfg, args

@@ -187,22 +187,27 @@ def apply_overrides(data: dict, overrides: list[str], cls: type) -> dict:
     return data
 
 
-def describe(cls: type, prefix: str = "") -> list[str]:
-    """One line per leaf field, `key (type, default): help`, for --help output."""
+def describe(cls: type, prefix: str = "", values: dict | None = None, sources: dict[str, str] | None = None) -> list[str]:
+    """One line per leaf field, `key = value [valid values]: help`, for --help-config. With `values`
+    (a resolved config as a nested dict) and `sources` (dotted key -> the layer that set it), the
+    value is the effective one, and a value some layer set names that layer and the schema default."""
     lines = []
     for f in dataclasses.fields(cls):
         tp = typing.get_type_hints(cls)[f.name]
         key = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(tp):
-            lines += describe(tp, key + ".")
+            lines += describe(tp, key + ".", (values or {}).get(f.name) if values is not None else None, sources)
             continue
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else "required")
+        shown = f"{default!r}"
+        if values is not None and sources and key in sources:
+            shown = f"{values[f.name]!r} (from {sources[key]}; default {default!r})"
         choices = f.metadata.get("choices")
         valid = f" [{' | '.join(choices)}]" if choices else ""
         if "minimum" in f.metadata:
             valid += f" [>= {f.metadata['minimum']}]"
-        lines.append(f"  {key} = {default!r}{valid}: {f.metadata.get('help', '')}")
+        lines.append(f"  {key} = {shown}{valid}: {f.metadata.get('help', '')}")
     return lines
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from utils.core.config import ConfigError, apply_overrides, deep_merge, from_dict, read_yaml, tier_path
+from utils.core.config import ROOT, ConfigError, apply_overrides, deep_merge, from_dict, read_yaml, tier_path
 from utils.core.methods import contradictions, implied_method
 from utils.core.schema import RunConfig
 
@@ -26,31 +26,8 @@ def load_run_config(model: str = "tiny-arith", algorithm: str = "red", data: str
     """The run's config from its tiers, their `run:` sections, the regime, the run-level YAML `run`
     and the `overrides` (`a.b=value`), each over the last."""
     tree: dict = {}
-    tier_runs: list[dict] = []
-    for key, tier, name in (("model", "models", model), ("algorithm", "algorithms", algorithm),
-                            ("data", "data", data)):
-        path = tier_path(tier, name)
-        tree[key] = read_yaml(path)
-        section = tree[key].pop("run", None)
-        from_dict(type(getattr(RunConfig(), key)), tree[key], str(path))  # fail early, naming the file
-        if section is not None:
-            if not isinstance(section, dict) or set(section) & {"model", "algorithm", "data"}:
-                raise ConfigError(f"{path}: 'run' must be a mapping of run-level sections (e.g. traces, warmup, "
-                                  f"regime), not of the model, algorithm or data tiers")
-            from_dict(RunConfig, section, f"{path} (run)")
-            tier_runs.append(section)
-    for section in tier_runs:
-        tree = deep_merge(tree, section)
-    run_tree = {}
-    if run:
-        run_tree = read_yaml(Path(run))
-        from_dict(RunConfig, run_tree, run)
-    overrides = overrides or []
-    regime = _chosen_regime(tree, run_tree, overrides)
-    if regime:
-        tree = deep_merge(tree, {**read_regime(regime), "regime": regime})
-    tree = deep_merge(tree, run_tree)
-    apply_overrides(tree, overrides, RunConfig)
+    for _, layer in config_layers(model, algorithm, data, overrides, run):
+        tree = deep_merge(tree, layer)
     cfg = from_dict(RunConfig, tree, "config")
     problems = contradictions(cfg.algorithm)
     if problems:
@@ -62,12 +39,73 @@ def load_run_config(model: str = "tiny-arith", algorithm: str = "red", data: str
     return cfg
 
 
-def _chosen_regime(tree: dict, run_tree: dict, overrides: list[str]) -> str:
-    """The regime's name: the last `regime=` override, else the run-level YAML's, else the tiers'."""
+def config_layers(model: str = "tiny-arith", algorithm: str = "red", data: str = "synthetic_arith",
+                  overrides: list[str] | None = None, run: str | None = None) -> list[tuple[str, dict]]:
+    """(source, partial tree) for every layer of the config, in merge order; each layer is checked
+    against the schema here, so an error names its file."""
+    tiers, tier_runs = [], []
+    for key, tier, name in (("model", "models", model), ("algorithm", "algorithms", algorithm),
+                            ("data", "data", data)):
+        path = tier_path(tier, name)
+        body = read_yaml(path)
+        section = body.pop("run", None)
+        from_dict(type(getattr(RunConfig(), key)), body, str(path))  # fail early, naming the file
+        tiers.append((_shown(path), {key: body}))
+        if section is not None:
+            if not isinstance(section, dict) or set(section) & {"model", "algorithm", "data"}:
+                raise ConfigError(f"{path}: 'run' must be a mapping of run-level sections (e.g. traces, warmup, "
+                                  f"regime), not of the model, algorithm or data tiers")
+            from_dict(RunConfig, section, f"{path} (run)")
+            tier_runs.append((f"{_shown(path)} (run:)", section))
+    layers = tiers + tier_runs
+    run_tree = {}
+    if run:
+        run_tree = read_yaml(Path(run))
+        from_dict(RunConfig, run_tree, run)
+    overrides = overrides or []
+    set_tree: dict = {}
+    apply_overrides(set_tree, overrides, RunConfig)
+    regime = _chosen_regime([t for _, t in layers], run_tree, overrides)
+    if regime:
+        layers.append((_shown(tier_path("regimes", regime)), read_regime(regime)))
+    if run:
+        layers.append((run, run_tree))
+    if overrides:
+        layers.append(("--set", set_tree))
+    return layers
+
+
+def config_sources(layers: list[tuple[str, dict]]) -> dict[str, str]:
+    """Dotted key -> the last layer that sets it."""
+    sources: dict[str, str] = {}
+
+    def walk(node: dict, prefix: str, source: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.", source)
+            else:
+                sources[f"{prefix}{key}"] = source
+    for source, tree in layers:
+        walk(tree, "", source)
+    return sources
+
+
+def _shown(path: Path) -> str:
+    """A config file as --help-config names it: relative to the repo where it lies inside it."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _chosen_regime(tier_trees: list[dict], run_tree: dict, overrides: list[str]) -> str:
+    """The regime's name: the last `regime=` override, else the run-level YAML's, else the last
+    tier's that names one."""
     chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "regime"]
     if chosen:
         return chosen[-1]
-    return str(run_tree.get("regime", tree.get("regime", "")) or "")
+    named = [t["regime"] for t in tier_trees if "regime" in t]
+    return str(run_tree.get("regime", named[-1] if named else "") or "")
 
 
 def read_regime(name: str) -> dict:
