@@ -3,9 +3,11 @@ per gold decomposition length, the sample accuracy, pass@n and how many subtasks
 and first, over every question, the sample accuracy (mean@n) and pass@n.
 
     .venv/bin/python benchmarks/headroom_probe.py --run outputs/run_001 [--adapter DIR]
-        [--temperature 0.7] [--samples 8] [--max_turns 6] [--split val]
+        [--temperature 0.7] [--samples 8] [--split val] [--max_turns N] [--max_new_tokens_planner N]
 
-Defaults to the run's 04_sft_warmup/ckpt_sft/best adapter. GRPO learns only from groups with a
+Defaults to the run's 04_sft_warmup/ckpt_sft/best adapter. The base model, prompt templates,
+engine, turn limit and token budgets are the run's own, as its warmup's manifest recorded them
+(`run_config`); --max_turns and --max_new_tokens_planner override them. GRPO learns only from groups with a
 correct sample, so a length with pass@n = 0 at the rollout temperature gives no RL signal at all:
 every method would tie there. docs/RESULTS.md and the journal quote
 this probe's figures.
@@ -20,9 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from utils.agent.engines import make_engine  # noqa: E402
 from utils.agent.rollout import Codec, Rollout, RolloutSpec  # noqa: E402
-from utils.core.config import ROOT  # noqa: E402
+from utils.core.config import ROOT, from_dict, repo_path  # noqa: E402
 from utils.core.io import read_records  # noqa: E402
-from utils.core.schema import EngineConfig, TemplatesConfig  # noqa: E402
+from utils.core.manifest import read_manifest  # noqa: E402
+from utils.core.schema import RunConfig  # noqa: E402
 from utils.eval.evaluation import gold_subtask_counts, pass_at_k  # noqa: E402
 from utils.reward.spec import read_spec, score_episodes  # noqa: E402
 
@@ -42,32 +45,43 @@ def probe(rows: list[dict], scored: list[dict]) -> dict[str, dict]:
     return out
 
 
+def run_config(run: Path) -> RunConfig:
+    """The settings a rollout of `run` needs (model path, templates, engine, budgets, max_turns and
+    the tool), from 04's manifest: the slice of the config the warmup read (utils/core/stages.py)."""
+    recorded = read_manifest(run / "04_sft_warmup")["config"]
+    return from_dict(RunConfig, recorded, f"{run / '04_sft_warmup' / 'manifest.json'} (config)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", type=Path, default=ROOT / "outputs" / "run_001")
-    ap.add_argument("--model", type=Path, default=ROOT / "artifacts" / "tiny-arith")
     ap.add_argument("--adapter", type=Path, default=None, help="default: the run's SFT warmup adapter")
     ap.add_argument("--split", default="val", choices=("val", "train"), help="never test: choose on val")
-    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--temperature", type=float, default=0.7, help="default: algorithm.rl.temperature's default")
     ap.add_argument("--samples", type=int, default=8)
-    ap.add_argument("--max_turns", type=int, default=8)
-    ap.add_argument("--max_new_tokens_planner", type=int, default=64, help="the run's model.max_new_tokens_planner")
+    ap.add_argument("--max_turns", type=int, default=None, help="default: the run's algorithm.rl.max_turns")
+    ap.add_argument("--max_new_tokens_planner", type=int, default=None, help="default: the run's model setting")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
+    cfg = run_config(args.run)
+    if args.max_turns is not None:
+        cfg.algorithm.rl.max_turns = args.max_turns
+    if args.max_new_tokens_planner is not None:
+        cfg.model.max_new_tokens_planner = args.max_new_tokens_planner
     adapter = args.adapter or args.run / "04_sft_warmup" / "ckpt_sft" / "best"
     rows = [r for _, r in read_records(args.run / "01_prepare_dataset" / f"{args.split}.jsonl")]
     spec = read_spec(args.run / "02_build_rewards" / "reward_spec.yaml")
-    engine = make_engine("vllm", args.model, EngineConfig(max_lora_rank=16), seed=args.seed)
+    model = repo_path(cfg.model.path)
+    engine = make_engine("vllm", model, cfg.model.engine, seed=args.seed)
     engine.set_adapter(adapter)
-    codec = Codec(AutoTokenizer.from_pretrained(args.model), TemplatesConfig())
-    ro = RolloutSpec(max_turns=args.max_turns, max_new_tokens_planner=args.max_new_tokens_planner,
-                     temperature=args.temperature)
+    codec = Codec(AutoTokenizer.from_pretrained(model), cfg.model.templates)
+    ro = RolloutSpec.from_config(cfg, args.temperature)
     scored = score_episodes(Rollout(engine, codec, ro).run(rows, n=args.samples, seed=args.seed), spec)
     engine.close()
     print(f"{adapter}: {len(rows)} {args.split} questions x {args.samples} samples at T={args.temperature}, "
-          f"max_turns {args.max_turns}")
+          f"max_turns {ro.max_turns}, planner budget {ro.max_new_tokens_planner} tokens")
     print(f"all: mean@{args.samples} {sum(s['answer'] for s in scored) / len(scored):.4f}  "
           f"pass@{args.samples} {pass_at_k(scored):.4f}")
     for key, r in probe(rows, scored).items():
