@@ -14,7 +14,7 @@ import sys
 
 from utils.core.config import ConfigError, describe, to_dict
 from utils.core.schema import RunConfig
-from utils.core.loader import config_layers, config_sources, load_run_config
+from utils.core.loader import config_from_layers, config_layers, config_sources
 
 
 def stage_parser(description: str) -> argparse.ArgumentParser:
@@ -43,10 +43,10 @@ def parse_stage_args(description: str, argv: list[str] | None = None,
     if args.seed is not None:
         overrides.append(f"seed={args.seed}")
     try:
-        cfg = load_run_config(args.model, args.algorithm, args.data, overrides, args.config)
+        layers = config_layers(args.model, args.algorithm, args.data, overrides, args.config)
+        cfg = config_from_layers(layers)
         if args.help_config:  # every key with its effective value, and the file or flag that set it
-            sources = config_sources(config_layers(args.model, args.algorithm, args.data, overrides, args.config))
-            print("\n".join(describe(RunConfig, values=to_dict(cfg), sources=sources)))
+            print("\n".join(describe(RunConfig, values=to_dict(cfg), sources=config_sources(layers))))
             sys.exit(0)
     except ConfigError as exc:
         ap.exit(2, f"{ap.prog}: config error: {exc}\n")

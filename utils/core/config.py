@@ -196,7 +196,7 @@ def describe(cls: type, prefix: str = "", values: dict | None = None, sources: d
         tp = typing.get_type_hints(cls)[f.name]
         key = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(tp):
-            lines += describe(tp, key + ".", (values or {}).get(f.name) if values is not None else None, sources)
+            lines += describe(tp, key + ".", values[f.name] if values is not None else None, sources)
             continue
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else "required")

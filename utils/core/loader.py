@@ -21,12 +21,18 @@ from utils.core.config import ROOT, ConfigError, apply_overrides, deep_merge, fr
 from utils.core.methods import contradictions, implied_method
 from utils.core.schema import RunConfig
 
+
 def load_run_config(model: str = "tiny-arith", algorithm: str = "red", data: str = "synthetic_arith",
                     overrides: list[str] | None = None, run: str | None = None) -> RunConfig:
     """The run's config from its tiers, their `run:` sections, the regime, the run-level YAML `run`
     and the `overrides` (`a.b=value`), each over the last."""
+    return config_from_layers(config_layers(model, algorithm, data, overrides, run))
+
+
+def config_from_layers(layers: list[tuple[str, dict]]) -> RunConfig:
+    """Merge `config_layers`' output in order, parse it, and refuse what no layer may say alone."""
     tree: dict = {}
-    for _, layer in config_layers(model, algorithm, data, overrides, run):
+    for _, layer in layers:
         tree = deep_merge(tree, layer)
     cfg = from_dict(RunConfig, tree, "config")
     problems = contradictions(cfg.algorithm)
@@ -65,7 +71,7 @@ def config_layers(model: str = "tiny-arith", algorithm: str = "red", data: str =
     overrides = overrides or []
     set_tree: dict = {}
     apply_overrides(set_tree, overrides, RunConfig)
-    regime = _chosen_regime([t for _, t in layers], run_tree, overrides)
+    regime = _chosen_regime([t for _, t in tier_runs], run_tree, set_tree)
     if regime:
         layers.append((_shown(tier_path("regimes", regime)), read_regime(regime)))
     if run:
@@ -98,14 +104,13 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def _chosen_regime(tier_trees: list[dict], run_tree: dict, overrides: list[str]) -> str:
-    """The regime's name: the last `regime=` override, else the run-level YAML's, else the last
-    tier's that names one."""
-    chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "regime"]
-    if chosen:
-        return chosen[-1]
-    named = [t["regime"] for t in tier_trees if "regime" in t]
-    return str(run_tree.get("regime", named[-1] if named else "") or "")
+def _chosen_regime(tier_runs: list[dict], run_tree: dict, set_tree: dict) -> str:
+    """The regime's name: `--set regime=...` (empty: none), else the run-level YAML's, else the last
+    tier `run:` section's that names one."""
+    for tree in (set_tree, run_tree, *reversed(tier_runs)):
+        if "regime" in tree:
+            return str(tree["regime"] or "")
+    return ""
 
 
 def read_regime(name: str) -> dict:
