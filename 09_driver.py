@@ -95,7 +95,7 @@ def main(argv=None) -> int:
 
 
 def _run(args, methods, seeds, base, root, run_root) -> int:
-    log = RunManifest(run_root / "run_manifest.json", args.run_id, methods, seeds, sys.argv[1:])
+    log = RunManifest(run_root / "run_manifest.json", args.run_id, methods, seeds, sys.argv[1:], root)
     log.write()
     steps = plan(methods)
     total, fork = len(steps) * len(seeds) + 1, args.launch == "fork" and args.executor == "sequential"

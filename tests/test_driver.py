@@ -81,6 +81,7 @@ def test_driver_runs_the_chain_then_skips_then_reruns_downstream(tmp_path):
     assert "red − sft_warmup" in report.read_text()  # the paired test against the SFT starting point
     run_manifest = json.loads((out / RUN / "run_manifest.json").read_text())
     assert run_manifest["status"] == "completed" and len(run_manifest["stages"]) == 10
+    assert run_manifest["regime"] == "regime_d"  # the regime the config named, which no stage manifest records
     assert all(s["action"] == "ran" and s["status"] == "completed" for s in run_manifest["stages"])
     assert _ran(first.stdout)[-2:] == ["07_evaluate/base,sft_warmup,red", "08_compare_runs"]  # one 07 process
 

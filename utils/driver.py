@@ -149,12 +149,14 @@ def stage_path(common: list[str], step: Step) -> Path:
 
 
 class RunManifest:
-    """outputs/<run_id>/run_manifest.json: every stage's manifest, what the driver did with it, and
-    how long it took; rewritten after each stage, so an interrupted run still shows where it stopped."""
+    """outputs/<run_id>/run_manifest.json: the regime the run's config names, every stage's manifest,
+    what the driver did with it, and how long it took; rewritten after each stage, so an interrupted
+    run still shows where it stopped. `common` is the driver's stage arguments."""
 
-    def __init__(self, path: Path, run_id: str, methods: list[str], seeds: list, argv: list[str]):
+    def __init__(self, path: Path, run_id: str, methods: list[str], seeds: list, argv: list[str], common: list[str]):
         self.path, self.t0 = path, time.time()
-        self.data = {"run_id": run_id, "methods": methods, "seeds": seeds, "status": "running",
+        regime = expected_sha(REPORT, common)[1].regime or None  # a stage's manifest has only its config slice
+        self.data = {"run_id": run_id, "methods": methods, "seeds": seeds, "regime": regime, "status": "running",
                      "command": " ".join(["python", "09_driver.py", *argv]),
                      "started_at": utc_now(), "stages": []}
 
