@@ -19,7 +19,7 @@ from utils.agent.engines import make_engine  # noqa: E402
 from utils.agent.rollout import Codec, Rollout, RolloutSpec  # noqa: E402
 from utils.core.schema import DataConfig, EngineConfig, TemplatesConfig  # noqa: E402
 from utils.data.synthetic import generate_rows  # noqa: E402
-from tests.helpers import SHORT_CHAINS  # noqa: E402
+from utils.tinyarith.quick import SHORT_CHAINS  # noqa: E402
 
 
 def main() -> int:
@@ -36,7 +36,7 @@ def main() -> int:
 
     adapter = args.adapter
     if adapter is None:
-        from tests.helpers import train_gold_adapter
+        from utils.tinyarith.quick import train_gold_adapter
         t0 = time.time()
         adapter = train_gold_adapter(args.model, Path(tempfile.mkdtemp()) / "adapter", batch_size=32)  # as when its figures were taken
         print(f"trained a protocol adapter in {time.time() - t0:.0f}s")

@@ -106,7 +106,7 @@ def protocol_adapter(tmp_path_factory, worker_id):
     on a file lock. It is seeded, so which worker trains it does not change it."""
     from filelock import FileLock
 
-    from helpers import train_gold_adapter
+    from utils.tinyarith.quick import train_gold_adapter
 
     shared = tmp_path_factory.getbasetemp()
     if worker_id != "master":  # each worker's basetemp is a subfolder of the run's

@@ -1,4 +1,5 @@
-"""Helpers for tests and benchmarks: protocol-following adapters made quickly from gold traces."""
+"""Helpers for tests: config overrides, the mechanics tests' regime, free ports, a process killed
+once it has logged. Quick protocol-following adapters are in utils/tinyarith/quick.py."""
 from __future__ import annotations
 
 import signal
@@ -6,14 +7,6 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-
-from utils.agent.episode import Example
-from utils.core.stream import Cursor, take
-
-# The chains the quick adapters are trained and exercised on: 2-3 subtasks, which 150 SFT steps
-# learn (the default's 1-6-step chains need a few hundred steps and still fail on 5 and 6).
-SHORT_CHAINS = {"min_steps": 2, "max_steps": 3}
-
 
 # Tests of the pipeline's mechanics run in regime D (configs/regimes/regime_d.yaml): their runs are
 # too short to learn anything, and the default regime's dynamic sampling rightly stops a run whose
@@ -25,87 +18,6 @@ REGIME_D = "regime=regime_d"
 def set_args(*settings: str) -> list[str]:
     """Config overrides as command-line flags: ("a=1", "b=2") -> ["--set", "a=1", "--set", "b=2"]."""
     return [x for s in settings for x in ("--set", s)]
-
-
-def quick_sft(model, examples: list[Example], steps: int, lr: float, batch_size: int, seed: int, pad_id: int) -> list[float]:
-    """A plain SFT loop (no checkpoints, no clipping) over the library's loss and data stream."""
-    import torch
-
-    from utils.train.policy import sft_loss
-
-    torch.manual_seed(seed)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-    losses, cursor = [], Cursor()
-    model.train()
-    for _ in range(steps):
-        loss = sft_loss(model, take(examples, batch_size, str(seed), cursor, within_epoch=True), pad_id)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    model.eval()
-    return losses
-
-
-def gold_examples(rows: list[dict], codec, search=None) -> list[Example]:
-    """Training examples from gold traces of prepared rows (rows without a decomposition are skipped);
-    `search` runs lookup steps' searches (see utils.agent.traces.trace_from_row)."""
-    from utils.agent.traces import examples_from_trace, trace_from_row
-
-    out = []
-    for row in rows:
-        trace, _ = trace_from_row(row, "gold", search)
-        if trace is not None:
-            out += examples_from_trace(trace, codec, row.get("context"))
-    return out
-
-
-def train_gold_adapter(base_path: Path, out_dir: Path, n_rows: int = 400, steps: int = 150, batch_size: int = 16,
-                       seed: int = 0) -> Path:
-    """A quickly SFT-trained protocol-following LoRA adapter on synthetic gold traces. Batches of 16
-    (59 s alone on the AVX2 box) follow the protocol as well as 32 did (95 s): greedy on 40 test
-    rows of 2-3 subtasks, 38 answered with both, 3.1 against 3.3 turns per episode. It follows the
-    protocol but does not do the arithmetic: on the Intel AVX-512 box, greedy on 60 rows of 2-3
-    subtasks 59 answered and 1 was right (0 of 60 on 1-subtask rows), so no test may need its
-    answers to be right (tests/test_sft_stages.py's teacher tests)."""
-    import torch
-    from transformers import AutoTokenizer
-
-    from utils.agent.rollout import Codec
-    from utils.core.schema import DataConfig, LoraConfig, TemplatesConfig
-    from utils.data.synthetic import generate_rows
-    from utils.train.policy import load_policy
-
-    tok = AutoTokenizer.from_pretrained(base_path)
-    rows = [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])], "meta": {"steps": r["steps"]}}
-            for r in generate_rows(DataConfig(n_train=n_rows, n_val=0, n_test=0, **SHORT_CHAINS))["train"]]
-    torch.manual_seed(seed)  # the LoRA init draws from torch's RNG: seed it, or the adapter depends on test order
-    model = load_policy(base_path, LoraConfig(rank=8, alpha=16))
-    quick_sft(model, gold_examples(rows, Codec(tok, TemplatesConfig())), steps=steps, lr=3e-3, batch_size=batch_size,
-              seed=seed, pad_id=tok.pad_token_id)
-    model.save_pretrained(out_dir)
-    return out_dir
-
-
-def train_lookup_adapter(base_path: Path, rows: list[dict], search, out_dir: Path, steps: int = 100,
-                         batch_size: int = 16, seed: int = 0) -> Path:
-    """A quickly SFT-trained LoRA adapter on synthetic_lookup gold traces: its executor searches.
-    On the AVX2 box, greedy on 8 test rows: 100 steps of 16 (56 s) searched 15 times, 150 steps
-    (73-76 s) 16 times, as did 150 steps of 32 (135 s)."""
-    import torch
-    from transformers import AutoTokenizer
-
-    from utils.agent.rollout import Codec
-    from utils.core.schema import LoraConfig, TemplatesConfig
-    from utils.train.policy import load_policy
-
-    tok = AutoTokenizer.from_pretrained(base_path)
-    torch.manual_seed(seed)
-    model = load_policy(base_path, LoraConfig(rank=8, alpha=16))
-    quick_sft(model, gold_examples(rows, Codec(tok, TemplatesConfig()), search), steps=steps, lr=3e-3,
-              batch_size=batch_size, seed=seed, pad_id=tok.pad_token_id)
-    model.save_pretrained(out_dir)
-    return out_dir
 
 
 def free_port() -> int:

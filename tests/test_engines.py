@@ -8,7 +8,7 @@ from utils.agent.rollout import Codec, Rollout, RolloutSpec
 from utils.core.schema import TemplatesConfig
 from utils.data.synthetic import generate_rows
 from utils.core.schema import DataConfig
-from helpers import SHORT_CHAINS
+from utils.tinyarith.quick import SHORT_CHAINS
 
 LOGPROB_TOL = 1e-4  # fp32 on CPU (measured agreement: docs/ARCHITECTURE.md "Engines")
 

@@ -82,6 +82,25 @@ def test_scripts_do_not_import_scripts():
         assert "import_module" not in text and "importlib" not in text, f"{script.name} loads another script"
 
 
+def _top_modules(path: Path) -> set[str]:
+    """The first component of every module `path` imports, at any depth."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_benchmarks_and_the_library_never_import_tests():
+    tests_modules = {"tests", "conftest", *(p.stem for p in (ROOT / "tests").glob("*.py"))}
+    users = sorted([*(ROOT / "benchmarks").glob("*.py"), *(ROOT / "utils").rglob("*.py"), *ROOT.glob("[0-9][0-9]_*.py")])
+    offenders = [f"{p.relative_to(ROOT)} imports {sorted(_top_modules(p) & tests_modules)}"
+                 for p in users if _top_modules(p) & tests_modules]
+    assert not offenders, offenders
+
+
 @pytest.mark.parametrize("path", _python_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_sizes(path):
     lines = path.read_text().splitlines()

@@ -267,7 +267,7 @@ def test_lookup_task_needs_the_corpus(lookup):
 def test_tool_rollouts_are_token_identical_on_vllm_and_hf(lookup, base_dir, vllm_engine, hf_engine, tmp_path):
     """Greedy rollouts of an adapter that searches: every segment's ids, every search and every
     ending agree between the vLLM and transformers engines."""
-    from helpers import train_lookup_adapter
+    from utils.tinyarith.quick import train_lookup_adapter
 
     retriever = load_index(lookup / "index", max_query_chars=200)
     adapter = train_lookup_adapter(base_dir, _rows(lookup, "train"), _search_fn(retriever),

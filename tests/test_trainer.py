@@ -9,7 +9,8 @@ import torch
 from transformers import AutoTokenizer
 
 from test_sft_stages import prepared  # noqa: F401 - fixture
-from helpers import REGIME_D, SHORT_CHAINS, set_args
+from helpers import REGIME_D, set_args
+from utils.tinyarith.quick import SHORT_CHAINS
 from test_data_stages import manifest, run_stage
 from utils.agent.rollout import Codec, Rollout, RolloutSpec
 from utils.core.schema import DataConfig
@@ -22,7 +23,7 @@ MISMATCH_TOL = 1e-4  # fp32 CPU; see tests/test_engines.py for the engine agreem
 def _trainer(cfg, engine, adapter, tmp_path, base_dir):
     from utils.train.grpo_trainer import GrpoTrainer
     from utils.reward.spec import RewardSpec
-    from helpers import gold_examples
+    from utils.tinyarith.quick import gold_examples
     from utils.train.policy import load_policy
     from utils.core.tracking import MetricsLogger
 
