@@ -1,6 +1,7 @@
 """Is there anything for RL to find? Sample episodes from an adapter on a run's val split and report,
 per gold decomposition length, the sample accuracy, pass@n and how many subtasks episodes delegate,
-and first, over every question, the sample accuracy (mean@n) and pass@n.
+and first, over every question, the sample accuracy (mean@n), pass@n, and the format score, share
+answered and planner turns that tell a broken protocol apart (`overall`).
 
     .venv/bin/python benchmarks/headroom_probe.py --run outputs/run_001 [--adapter DIR]
         [--temperature 0.7] [--samples 8] [--split val] [--max_turns N] [--max_new_tokens_planner N]
@@ -26,7 +27,7 @@ from utils.core.config import ROOT, from_dict, repo_path  # noqa: E402
 from utils.core.io import read_records  # noqa: E402
 from utils.core.manifest import read_manifest  # noqa: E402
 from utils.core.schema import RunConfig  # noqa: E402
-from utils.eval.evaluation import gold_subtask_counts, pass_at_k  # noqa: E402
+from utils.eval.evaluation import gold_subtask_counts, pass_at_k, summarize_scores  # noqa: E402
 from utils.reward.spec import read_spec, score_episodes  # noqa: E402
 
 
@@ -43,6 +44,14 @@ def probe(rows: list[dict], scored: list[dict]) -> dict[str, dict]:
                     "mean_reward": sum(s["reward"] for s in items) / len(items),
                     "subtasks": dict(sorted(Counter(s["subtasks"] for s in items).items()))}
     return out
+
+
+def overall(scored: list[dict], samples: int) -> str:
+    """The line over every question: mean@n, pass@n, and the protocol's health (format score, share
+    answered, planner turns per episode, as 07 reports them)."""
+    m = summarize_scores(scored)
+    return (f"all: mean@{samples} {m['accuracy']:.4f}  pass@{samples} {pass_at_k(scored):.4f}  "
+            f"format {m['format']:.3f}  answered {m['answered']:.3f}  turns {m['turns']:.2f}")
 
 
 def run_config(run: Path) -> RunConfig:
@@ -82,8 +91,7 @@ def main() -> int:
     engine.close()
     print(f"{adapter}: {len(rows)} {args.split} questions x {args.samples} samples at T={args.temperature}, "
           f"max_turns {ro.max_turns}, planner budget {ro.max_new_tokens_planner} tokens")
-    print(f"all: mean@{args.samples} {sum(s['answer'] for s in scored) / len(scored):.4f}  "
-          f"pass@{args.samples} {pass_at_k(scored):.4f}")
+    print(overall(scored, args.samples))
     for key, r in probe(rows, scored).items():
         print(f"gold subtasks {key}: sample accuracy {r['sample_accuracy']:.3f}  pass@{args.samples} "
               f"{r['pass_at_n']:.3f}  mean reward {r['mean_reward']:.2f}  subtasks delegated {r['subtasks']}")

@@ -26,3 +26,14 @@ def test_the_probe_reads_the_runs_rollout_settings_from_its_warmup_manifest(tmp_
     assert RolloutSpec.from_config(got, 0.7) == RolloutSpec.from_config(cfg, 0.7)
     assert (got.model.path, got.model.engine, got.model.templates) == (cfg.model.path, cfg.model.engine, cfg.model.templates)
     assert RolloutSpec.from_config(got, 0.7).max_new_tokens_planner == 40
+
+
+def test_the_probe_reports_the_protocols_health_beside_mean_and_pass_at_n():
+    def episode(qid, answer, fmt, status, turns):
+        return {"qid": qid, "answer": answer, "format": fmt, "reward": answer, "status": status, "turns": turns,
+                "subtasks": turns - 1, "independence": 1.0, "tokens_planner": 10, "tokens_executor": 5}
+
+    scored = [episode("a", 1.0, 1.0, "answered", 4), episode("a", 0.0, 1.0, "answered", 4),  # a: one right of two
+              episode("b", 0.0, 0.0, "malformed", 1), episode("b", 0.0, 0.5, "hit_max_turns", 8)]  # b: none
+    assert _probe_module().overall(scored, 2) == \
+        "all: mean@2 0.2500  pass@2 0.5000  format 0.625  answered 0.500  turns 4.25"
