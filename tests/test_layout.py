@@ -21,15 +21,20 @@ def _package(module: str) -> str:
     return parts[1]  # utils.<package>[.module] or utils.driver
 
 
-def _imports(path: Path) -> set[str]:
-    """Every utils.* module `path` imports, at any depth (function-level imports count too)."""
+def _all_imports(path: Path) -> set[str]:
+    """Every module `path` imports by absolute name, at any depth (function-level imports count too)."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.startswith("utils.")}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("utils."):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             out.add(node.module)
     return out
+
+
+def _imports(path: Path) -> set[str]:
+    """Every utils.* module `path` imports."""
+    return {m for m in _all_imports(path) if m.startswith("utils.")}
 
 
 def _modules() -> dict[str, Path]:
@@ -83,14 +88,8 @@ def test_scripts_do_not_import_scripts():
 
 
 def _top_modules(path: Path) -> set[str]:
-    """The first component of every module `path` imports, at any depth."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            out.add(node.module.split(".")[0])
-    return out
+    """The first component of every module `path` imports."""
+    return {m.split(".")[0] for m in _all_imports(path)}
 
 
 def test_benchmarks_and_the_library_never_import_tests():

@@ -66,4 +66,4 @@ def test_diff_errors_name_the_run_or_the_file(tmp_path, capsys):
     bad = a / "01_prepare_dataset" / "manifest.json"
     bad.write_text("{not json")
     assert main([str(a), str(a)]) == 2
-    assert f"{bad}: not valid JSON" in capsys.readouterr().err
+    assert f"{bad}: manifest is not valid JSON" in capsys.readouterr().err

@@ -46,12 +46,16 @@ def _descendants(pid: int) -> set[int]:
     return seen
 
 
-def _running(pid: int) -> bool:
+def _state(pid: int) -> str | None:
+    """The process's state letter (R, S, Z, ...), None once it is gone."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
-        return False
-    return state not in ("Z", "X")
+        return None
+
+
+def _running(pid: int) -> bool:
+    return _state(pid) not in (None, "Z", "X")
 
 
 def _comm(pid: int) -> str:
@@ -73,12 +77,7 @@ def _wait_for(predicate, timeout: float, what: str, detail=lambda: ""):
 
 def _survivors(pids: set[int]) -> str:
     """The processes of `pids` still running, by pid, name and state, for a timeout's message."""
-    def state(p):
-        try:
-            return Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return "?"
-    return ": still running " + ", ".join(f"{p} {_comm(p)!r} ({state(p)})" for p in sorted(pids) if _running(p))
+    return ": still running " + ", ".join(f"{p} {_comm(p)!r} ({_state(p)})" for p in sorted(pids) if _running(p))
 
 
 def _start(cmd: list[str], run: Path) -> tuple[subprocess.Popen, int, set[int]]:

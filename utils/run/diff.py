@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from utils.core.config import ROOT
-from utils.core.manifest import MANIFEST_NAME, SEAL_KEY, VOLATILE_KEYS
+from utils.core.manifest import MANIFEST_NAME, SEAL_KEY, VOLATILE_KEYS, read_manifest
 
 RUN_MANIFEST = "run_manifest.json"  # written by 09_driver.py (utils/driver.RunManifest)
 HIDDEN = (*VOLATILE_KEYS, SEAL_KEY, "warnings")  # always differ between two runs; shown with --all
@@ -47,10 +47,7 @@ def stage_manifests(run: Path) -> dict[str, dict]:
     out = {}
     paths = sorted(run.rglob(MANIFEST_NAME)) + ([run / RUN_MANIFEST] if (run / RUN_MANIFEST).is_file() else [])
     for path in paths:
-        try:
-            manifest = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        manifest = read_manifest(path)  # names the file that is not JSON
         if not isinstance(manifest, dict):
             raise ValueError(f"{path}: a manifest is a JSON object, found {type(manifest).__name__}")
         if path.name == RUN_MANIFEST:  # its per-stage rows are the stages' own manifests, compared above
@@ -98,17 +95,18 @@ def _delta(a, b) -> str:
     return f"  (B − A {b - a:+.6g})"
 
 
-def compare_section(name: str, a: dict, b: dict) -> list[str]:
-    """Lines for the keys of one nested section that differ: changed, only in A, only in B."""
+def compare_section(name: str, a: dict, b: dict, sep: str = ".") -> list[str]:
+    """Lines for the keys of one nested section that differ: changed, only in A, only in B. Each is
+    named `<name><sep><key>` (`sep` " " for digests, whose keys are paths)."""
     fa, fb = flatten(a or {}), flatten(b or {})
     lines = []
     for key in sorted(set(fa) | set(fb)):
         if key not in fb:
-            lines.append(f"  {name}.{key}: only in A = {_show(fa[key])}")
+            lines.append(f"  {name}{sep}{key}: only in A = {_show(fa[key])}")
         elif key not in fa:
-            lines.append(f"  {name}.{key}: only in B = {_show(fb[key])}")
+            lines.append(f"  {name}{sep}{key}: only in B = {_show(fb[key])}")
         elif fa[key] != fb[key]:
-            lines.append(f"  {name}.{key}: A {_show(fa[key])} | B {_show(fb[key])}{_delta(fa[key], fb[key])}")
+            lines.append(f"  {name}{sep}{key}: A {_show(fa[key])} | B {_show(fb[key])}{_delta(fa[key], fb[key])}")
     return lines
 
 
@@ -130,7 +128,7 @@ def compare_stage(a: dict, b: dict, label: str) -> list[str]:
     for key in DIGESTS:
         da = {_in_run(p, prefix_a): str(d)[:12] for p, d in (a.get(key) or {}).items()}  # digests: 12 hex digits
         db = {_in_run(p, prefix_b): str(d)[:12] for p, d in (b.get(key) or {}).items()}
-        lines += [line.replace(f"  {key}.", f"  {key} ", 1) for line in compare_section(key, da, db)]
+        lines += compare_section(key, da, db, sep=" ")
     return lines
 
 
