@@ -83,13 +83,20 @@ def test_summary_and_report_carry_the_metrics_json_numbers(tmp_path):
     assert ("red vs sft_warmup: **better** (red − sft_warmup = 0.8250 on 40 shared items over 2 seed(s), paired t "
             "over 2 seeds (df 1), 95% CI 0.5073 to 1.0000, MDE 0.3521") in report
     assert "red vs grpo: **better**" in report  # per seed 0.30 and 0.35: t = 13.0, p 0.0489
-    # the second family: each trained method against the warmup it started from (grpo 10/20 vs 0/20)
-    warmup = report.split("## Did training improve on its start")[1].split("\n## ")[0]
-    assert "| r | grpo − sft_warmup | 2 | 40 | 0.5000 |" in warmup and "| r | red − sft_warmup |" in warmup
-    assert "red − grpo" not in warmup
-    # grpo 10/20 on both seeds: the seeds agree exactly, so the spread is the items' own (se 0.1147):
-    # t = 0.5 / (0.1147/√2) = 6.16 on 1 df, p 0.10: two seeds cannot show it
+    # the positive control, alone (grpo 10/20 vs 0/20 on both seeds): the seeds agree exactly, so the
+    # spread is the items' own (se 0.1147): t = 0.5 / (0.1147/√2) = 6.16 on 1 df, p 0.10, and Holm over
+    # a family of one leaves it at 0.10: two seeds cannot show it, and the report says what that costs
+    control = report.split("## The positive control: grpo vs sft_warmup")[1].split("\n## ")[0]
+    assert "| r | grpo − sft_warmup | 2 | 40 | 0.5000 |" in control and "red −" not in control
+    row = next(line for line in control.splitlines() if line.startswith("| r | grpo − sft_warmup"))
+    assert row.split(" | ")[-3] == row.split(" | ")[-2] and row.endswith("no evidence either way |")  # p = Holm p
     assert "grpo vs sft_warmup: **no evidence either way** (grpo − sft_warmup = 0.5000 on 40 shared items over 2 seed(s)" in report
+    assert "alone, as the positive control" in report and "**the positive control did not hold**" in report
+    # the third family: every other trained method against the warmup it started from; red alone here,
+    # so its Holm p is its raw p 0.0193
+    warmup = report.split("## Did training improve on its start")[1].split("\n## ")[0]
+    assert "| r | red − sft_warmup | 2 | 40 | 0.8250 | 0.5073–1.0000 | 0.7000–0.9250 | 0.3521 | 0.0193 | 0.0193 |" in warmup
+    assert "grpo −" not in warmup and "red − grpo" not in warmup
     assert "`0.0005`" in report and "`0.001`" in report  # the trainer configs differ in algorithm.rl.lr
     for name in ("reward_vs_step", "test_accuracy", "red_dynamics", "red_mechanism", "time_per_phase"):
         png = out / "plots" / f"{name}.png"
@@ -231,3 +238,31 @@ def test_stats_calibration_benchmark_runs_08s_test_on_simulated_studies(capsys):
     nulls = [float(x.split("rejection ")[1].split()[0]) for x in lines if x.startswith("null ")]
     assert len(nulls) == 2 and float(lines[-1].split("=")[1]) == max(nulls)
     assert lines[-2].startswith("power seeds=3 effect=+0.05")
+
+
+def test_the_positive_control_is_tested_alone_whatever_else_ran():
+    """grpo − sft_warmup is its own family: the arms a run adds beside it change the other families'
+    Holm p-values, never the control's. Here grpo gains 0.10 / 0.12 / 0.14 on 100 items per seed
+    (t = 0.12 / (0.02/√3) = 10.4 on 2 df, p 0.009); four null arms would raise a five-way Holm p to 0.046."""
+    from pathlib import Path
+
+    from utils.eval.compare import Evaluation
+    from utils.eval.report import comparisons
+
+    def evals(methods):
+        out = []
+        for seed, wins in ((1, 10), (2, 12), (3, 14)):
+            for method in methods:
+                right = 50 + (wins if method == "grpo" else 0)
+                scores = {f"q{i:03d}": float(i < right) for i in range(100)}
+                out.append(Evaluation("r", seed, method, Path("."), {}, scores, {}))
+        return out
+
+    alone = comparisons(evals(["sft_warmup", "grpo"]), resamples=200, seed=0)
+    crowded = comparisons(evals(["sft_warmup", "grpo", "red", "fixed_sft", "matched_sft", "sft"]), resamples=200, seed=0)
+    (control,) = [t for t in alone if t["family"] == "control"]
+    (control_crowded,) = [t for t in crowded if t["family"] == "control"]
+    assert control["p_value"] == pytest.approx(0.0092, abs=5e-4) and control["p_holm"] == control["p_value"]
+    assert control_crowded["p_holm"] == control["p_holm"] and control_crowded["verdict"] == "better"
+    assert [t["a"] for t in crowded if t["family"] == "warmup"] == ["red", "fixed_sft", "matched_sft", "sft"]
+    assert not [t for t in alone if t["family"] == "warmup"]  # grpo is not also in the warmup family

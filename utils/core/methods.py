@@ -63,6 +63,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 STUDY = tuple(m.name for m in METHODS.values() if m.in_study)  # `09_driver.py --method all`
 BASE = "base"  # the bare base model, evaluated by 07
 SFT_WARMUP = "sft_warmup"  # 04's adapter, evaluated by 07
+# The study's positive control: CONTROL − sft_warmup is the effect the setup must detect. 08 tests it
+# alone (a family of one), so its verdict does not depend on which other arms a run trained.
+CONTROL = "grpo"
 CHECKPOINTS = (*METHODS, SFT_WARMUP, BASE)  # what 07 --checkpoint accepts by name, in report order
 
 

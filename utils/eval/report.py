@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from utils.core.manifest import atomic_write_bytes, rel
-from utils.core.methods import METHODS, SFT_WARMUP
+from utils.core.methods import CONTROL, METHODS, SFT_WARMUP
 from utils.eval.compare import (PHASES, SUMMARY_FIELDS, CompareError, Evaluation, Training, config_diff, fmt,
                                 curve_label, method_key, table)
 from utils.eval.mechanism import mechanism_section, plot_mechanism
@@ -134,10 +134,12 @@ def _phase_mean(t: Training, phase: str) -> float:
 
 
 def comparisons(evals: list[Evaluation], resamples: int, seed: int) -> list[dict]:
-    """Two families of paired tests per run, each Holm-adjusted on its own: red against every other
-    checkpoint (`family` "red"), and every trained method against the SFT warmup it started from
-    (`family` "warmup": did training improve on its start?). Each is `paired_test` (utils/eval/
-    stats.py) of a − b on items paired by (seed, item), with a verdict."""
+    """Three families of paired tests per run, each Holm-adjusted on its own: the positive control
+    (`family` "control": CONTROL − sft_warmup, alone, so that adding an arm cannot change whether the
+    setup detected the effect it must detect), red against every other checkpoint ("red"), and every
+    other trained method against the SFT warmup it started from ("warmup": did training improve on
+    its start?). Each is `paired_test` (utils/eval/stats.py) of a − b on items paired by (seed,
+    item), with a verdict."""
     by_run = defaultdict(lambda: defaultdict(dict))
     primaries = defaultdict(set)
     for e in evals:
@@ -151,8 +153,10 @@ def comparisons(evals: list[Evaluation], resamples: int, seed: int) -> list[dict
     out = []
     for run, methods in sorted(by_run.items()):
         ordered = sorted(methods, key=method_key)
-        pairs = {"red": [("red", m) for m in ordered if m != "red"] if "red" in methods else [],
-                 "warmup": [(m, SFT_WARMUP) for m in ordered if m in METHODS] if SFT_WARMUP in methods else []}
+        warm = SFT_WARMUP in methods
+        pairs = {"control": [(CONTROL, SFT_WARMUP)] if warm and CONTROL in methods else [],
+                 "red": [("red", m) for m in ordered if m != "red"] if "red" in methods else [],
+                 "warmup": [(m, SFT_WARMUP) for m in ordered if m in METHODS and m != CONTROL] if warm else []}
         boot: dict[tuple[str, str], dict] = {}  # red − sft_warmup is in both families: resample it once
         for name, family in pairs.items():
             for a, b in family:
@@ -297,15 +301,23 @@ def _paired_section(tests: list[dict], resamples: int) -> list[str]:
               "spread: a smaller true effect is likely to read 'no evidence either way', and Holm raises the bar.")
     lines = []
     for family, title, empty in (
+            ("control", f"The positive control: {CONTROL} vs {SFT_WARMUP}",
+             f"No run here evaluated both `{CONTROL}` and `{SFT_WARMUP}`, so there is no positive control: a "
+             "'no evidence either way' below cannot tell 'no effect' from 'the setup cannot see one'."),
             ("red", "Paired comparison: red vs each other method", "No run here evaluated `red`, so there is no "
                                                                    "paired comparison."),
-            ("warmup", "Did training improve on its start: each method vs sft_warmup",
+            ("warmup", "Did training improve on its start: each other method vs sft_warmup",
              "No run here evaluated both `sft_warmup` and a trained method.")):
         rows = [[t["run"], f"{t['a']} − {t['b']}", t["seeds"], t["n"], fmt(t["diff"]),
                  f"{fmt(t['ci95_low'])}–{fmt(t['ci95_high'])}", f"{fmt(t['item_ci95_low'])}–{fmt(t['item_ci95_high'])}",
                  fmt(t["mde"]), _p(t["p_value"]), _p(t.get("p_holm")), t["verdict"]]
                 for t in tests if t["family"] == family]
         lines += [f"## {title}", ""]
+        if family == "control" and rows:
+            lines += [f"{CONTROL} − {SFT_WARMUP} is the effect this setup must detect: RL on the reward from the "
+                      "warmup. It is tested alone, before the families below, so its verdict does not depend on "
+                      "which other arms ran. If it does not read 'better', the other verdicts' 'no evidence either "
+                      "way' cannot tell 'no effect' from 'the setup cannot see one'.", ""]
         lines += [method, "", table(["run", "difference", "seeds", "items", "mean diff", "95% CI", "items 95% CI",
                                       "MDE", "p", "p (Holm)", "first is"], rows), ""] if rows else [empty, ""]
     return lines
@@ -353,6 +365,10 @@ def _config_section(evals: list[Evaluation], trainings: list[Training], runs: li
     return lines
 
 
+_FAMILY_WORDS = {"control": "alone, as the positive control", "red": "among the comparisons with red",
+                 "warmup": "among the other comparisons with the warmup"}
+
+
 def _caveats(evals: list[Evaluation], trainings: list[Training], tests: list[dict]) -> list[str]:
     out = []
     for t in tests:
@@ -360,7 +376,12 @@ def _caveats(evals: list[Evaluation], trainings: list[Training], tests: list[dic
             out.append(f"- {t['run']}: {t['a']} vs {t['b']}: **{t['verdict']}** ({t['a']} − {t['b']} = {fmt(t['diff'])} on "
                        f"{t['n']} shared items over {t['seeds']} seed(s), {t['test']}, 95% CI {fmt(t['ci95_low'])} to "
                        f"{fmt(t['ci95_high'])}, MDE {fmt(t['mde'])}, Holm-adjusted p {_p(t.get('p_holm'))} among the "
-                       f"{'comparisons with red' if t['family'] == 'red' else 'comparisons with the warmup'}).")
+                       f"{_FAMILY_WORDS[t['family']]}).")
+    for t in tests:
+        if t["family"] == "control" and t["verdict"] != "better":
+            out.append(f"- {t['run']}: **the positive control did not hold** ({t['a']} − {t['b']} reads "
+                       f"'{t['verdict']}'): in this run, 'no evidence either way' cannot tell 'no effect' from "
+                       "'the setup cannot see one'.")
     seeds = {(e.run, e.method): set() for e in evals}
     for e in evals:
         seeds[(e.run, e.method)].add(e.seed)
