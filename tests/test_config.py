@@ -289,3 +289,7 @@ def test_help_config_names_the_layer_that_set_each_value(capsys):
         parse_stage_args("t", ["--help-config", "--set", "regime=regime_d"])
     out = capsys.readouterr().out
     assert "traces.flaw_rate = 0.0 (from configs/regimes/regime_d.yaml; default 0.0)" in out
+    assert "algorithm.rl.lr = 0.0001 [>= 0.0]:" in out  # regime D keeps the schema's lr
+    with pytest.raises(SystemExit):
+        parse_stage_args("t", ["--help-config"])
+    assert "algorithm.rl.lr = 0.0004 (from configs/regimes/imperfect_teacher.yaml; default 0.0001)" in capsys.readouterr().out

@@ -133,7 +133,7 @@ class RlConfig:
                                  "subtasks (0 = every row). SFT traces are unaffected (traces.*).", minimum=0)
     max_turns: int = field(8, "Planner turns before the episode is forced to end (gold needs subtasks + 1).", minimum=1)
     temperature: float = field(0.7, "Rollout sampling temperature (chosen on val, docs/RESULTS.md).", minimum=0.0)
-    lr: float = field(1e-4, "Learning rate (chosen on val: 5e-4 and 2e-4 lost accuracy).", minimum=0.0)
+    lr: float = field(1e-4, "Learning rate (regime D's, chosen on val; imperfect_teacher sets 4e-4).", minimum=0.0)
     clip_low: float = field(0.2, "PPO clip below 1.", minimum=0.0)
     clip_high: float = field(0.28, "PPO clip above 1 (clip-higher, as in DAPO).", minimum=0.0)
     loss_agg: str = field("token-mean", "How per-token losses are averaged (seq-mean: over episodes).", LOSS_AGGS)
