@@ -27,7 +27,8 @@ from utils.core.io import read_jsonl, write_jsonl
 from utils.core.manifest import StageRun, atomic_write_json, atomic_write_text
 from utils.core.models import load_tokenizer
 from utils.core.methods import CHECKPOINTS, SFT_WARMUP
-from utils.core.stages import model_dir, output_path, parent, resolve_checkpoint, run_main, stage_config, stage_dir
+from utils.core.stages import (evaluation_settings, model_dir, output_path, parent, resolve_checkpoint, run_main,
+                               stage_dir)
 from utils.eval.evaluation import failure_category, greedy_eval, sampled_eval
 from utils.eval.stats import bootstrap_ci
 from utils.reward.spec import read_spec
@@ -76,7 +77,7 @@ def evaluate(cfg, args, name: str, shared: SharedEngine, codec: Codec) -> None:
     """Evaluate one checkpoint into its own folder, under its own manifest."""
     label = name if name in CHECKPOINTS else Path(name).name
     out = stage_dir(cfg, f"{STAGE}/{label}")
-    settings = {**stage_config(cfg, STAGE), "checkpoint": name, "limit": args.limit}
+    settings = evaluation_settings(cfg, name, args.limit)
     with StageRun(f"{STAGE}/{label}", out, settings, cfg.seed) as run:
         _, prepared = parent(run, cfg, "01_prepare_dataset")
         rewards_dir, _ = parent(run, cfg, "02_build_rewards")

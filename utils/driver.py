@@ -22,7 +22,7 @@ from utils.core.manifest import (MANIFEST_NAME, atomic_write_json, config_sha256
                                  read_manifest, rel, utc_now)
 from utils.core.methods import BASE, METHODS, SFT_WARMUP
 from utils.core.signals import run_child, run_forked
-from utils.core.stages import stage_config, stage_dir
+from utils.core.stages import evaluation_settings, stage_config, stage_dir
 from utils.eval.compare import DEFAULT_RESAMPLES, compare_settings
 
 DATA_STAGES = ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces", "04_sft_warmup")
@@ -105,10 +105,9 @@ def expected_sha(step: Step, common: list[str]) -> tuple[str, object]:
     cfg, _ = parse_stage_args("", common + (["--algorithm", step.algorithm] if step.algorithm else []))
     if step.script == REPORT.script:  # its settings list the evaluations it would read now
         return config_sha256(compare_settings(cfg, [], DEFAULT_RESAMPLES)), cfg
-    settings = stage_config(cfg, step.script)
-    if step.checkpoint:  # 07 hashes its evaluation flags beside the config slice
-        settings = {**settings, "checkpoint": step.checkpoint, "limit": 0}
-    return config_sha256(settings), cfg
+    if step.checkpoint:  # an evaluation as 07 runs it for the driver: every test item
+        return config_sha256(evaluation_settings(cfg, step.checkpoint)), cfg
+    return config_sha256(stage_config(cfg, step.script)), cfg
 
 
 def up_to_date(step: Step, common: list[str]) -> tuple[Path, bool, str]:

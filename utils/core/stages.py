@@ -148,6 +148,13 @@ def stage_config(cfg: RunConfig, stage: str) -> dict:
     return config_slice(cfg, keys)
 
 
+def evaluation_settings(cfg: RunConfig, checkpoint: str, limit: int = 0) -> dict:
+    """What one 07 evaluation records and hashes: its config slice, the checkpoint's name and
+    `--limit` (0: every test item). 07 writes it, and the driver recomputes it to decide whether
+    an evaluation is up to date, so the two cannot drift apart."""
+    return {**stage_config(cfg, "07_evaluate"), "checkpoint": checkpoint, "limit": limit}
+
+
 def disk_error(exc: OSError) -> str:
     """One line for a full disk or an unwritable folder (`DISK_ERRORS`): what, where, what to do."""
     where = f": {exc.filename}" if exc.filename else ""
