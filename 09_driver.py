@@ -22,7 +22,7 @@ fork (default) forks each stage from the driver, which imports torch, transforme
 once, not once per stage (same results); exec starts each as `python NN_stage.py ...`.
 --executor ray runs the independent branches (each seed's chain; each method after its seed's SFT
 warmup) as Ray tasks, on this box or on the cluster at --ray_address, with the same manifests and
-skip rules (utils/ray_executor.py); a failed branch is named with its log and the others go on.
+skip rules (utils/run/ray_executor.py); a failed branch is named with its log and the others go on.
 """
 import argparse
 import os
@@ -34,7 +34,7 @@ from utils.core.manifest import rel
 from utils.core.methods import METHODS, STUDY
 from utils.core.signals import TERMINATED_EXIT, Terminated, sigterm_as_interrupt
 from utils.core.stages import DISK_ERRORS, disk_error
-from utils.driver import REPORT, RunManifest, batches, plan, run_batch, stage_path
+from utils.run.driver import REPORT, RunManifest, batches, plan, run_batch, stage_path
 
 
 def main(argv=None) -> int:
@@ -105,7 +105,7 @@ def _run(args, methods, seeds, base, root, run_root) -> int:
         return common + (["--seed", str(seed)] if seed is not None else [])
 
     if args.executor == "ray":
-        from utils.ray_executor import run_study
+        from utils.run.ray_executor import run_study
 
         try:
             code = run_study(steps, seeds, common_of, run_root, args.force, log, address=args.ray_address,

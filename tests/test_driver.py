@@ -116,7 +116,7 @@ def test_driver_runs_the_chain_then_skips_then_reruns_downstream(tmp_path):
 
 
 def test_plan_runs_red_before_the_arm_that_matches_its_weight():
-    from utils.driver import plan
+    from utils.run.driver import plan
 
     trainers = [s.dir_name for s in plan(["matched_sft"]) if s.algorithm]
     assert trainers == ["05_train_red_grpo/red", "05_train_red_grpo/matched_sft"]
@@ -126,7 +126,7 @@ def test_plan_runs_red_before_the_arm_that_matches_its_weight():
 
 def test_plan_keeps_run_ids_that_are_method_or_checkpoint_names(tmp_path):
     from utils.core.methods import CHECKPOINTS, METHODS
-    from utils.driver import REPORT, plan, stage_path
+    from utils.run.driver import REPORT, plan, stage_path
 
     for run_id in CHECKPOINTS:
         common = ["--run_id", run_id, "--set", f"outputs_dir={tmp_path}"]
@@ -135,7 +135,7 @@ def test_plan_keeps_run_ids_that_are_method_or_checkpoint_names(tmp_path):
 
 
 def test_evaluations_come_last_and_share_one_batch():
-    from utils.driver import batches, plan
+    from utils.run.driver import batches, plan
 
     steps = plan(["grpo", "red"])
     assert [s.dir_name for s in steps][5:] == ["06_ablate_grpo_only/grpo", "05_train_red_grpo/red", "07_evaluate/base",

@@ -121,7 +121,7 @@ def test_sigterm_to_the_parent_stops_a_forked_child_through_its_handlers(tmp_pat
 
 PRELOAD_PROBE = """
 import json, sys
-from utils.driver import Step, expected_sha, preload
+from utils.run.driver import Step, expected_sha, preload
 step = Step("05_train_red_grpo", "05_train_red_grpo/red", algorithm="red")
 for argv in json.loads(sys.argv[1]):  # one config after another, in this one process
     preload(step.script, expected_sha(step, argv)[1])

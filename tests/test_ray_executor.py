@@ -13,8 +13,8 @@ from test_driver import TINY
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset
-from utils.driver import plan
-from utils.ray_executor import branches
+from utils.run.driver import plan
+from utils.run.ray_executor import branches
 
 
 

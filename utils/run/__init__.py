@@ -1,1 +1,2 @@
-"""Running a study: tools over whole runs (utils/run/diff.py: diff two runs\x27 manifests)."""
+"""Running and reading whole runs: the plan behind 09_driver.py (driver.py), its Ray executor
+(ray_executor.py), and diffing two runs' manifests (diff.py)."""

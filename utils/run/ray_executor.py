@@ -32,7 +32,7 @@ from pathlib import Path
 from utils.core.config import ROOT
 from utils.core.lock import HOLDER_ENV, RunLock
 from utils.core.methods import METHODS
-from utils.driver import DATA_STAGES, Step, batches, run_batch
+from utils.run.driver import DATA_STAGES, Step, batches, run_batch
 
 
 @dataclass
