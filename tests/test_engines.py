@@ -70,12 +70,12 @@ def test_greedy_without_logprobs_decodes_the_same_tokens(any_vllm, protocol_adap
 
 def test_rollout_logprobs_skip_their_token_text(vllm_merged, protocol_adapter, base_dir):
     """The agent rollout's requests keep their log-probs but vLLM no longer decodes each entry to text
-    (`_skip_logprob_token_text`, an internal of the pinned vLLM: this fails if an upgrade moves it),
+    (`vllm_compat.skip_logprob_token_text`, an internal of the pinned vLLM: this fails if an upgrade moves it),
     and the sampled tokens and log-probs are those of the decoding path."""
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
-    from utils.agent.engines import _skip_logprob_token_text
+    from utils.agent.vllm_compat import skip_logprob_token_text
     from utils.agent.sampling import SamplingSpec
 
     tok = AutoTokenizer.from_pretrained(base_dir)
@@ -84,7 +84,7 @@ def test_rollout_logprobs_skip_their_token_text(vllm_merged, protocol_adapter, b
     params = vllm_merged._params(SamplingSpec(max_tokens=6), seed=3)
     params.output_kind = RequestOutputKind.FINAL_ONLY
     internal = engine.add_request("probe-skip", TokensPrompt(prompt_token_ids=tok.encode("plan: 1+2\n")), params)
-    assert _skip_logprob_token_text(engine, internal)
+    assert skip_logprob_token_text(engine, internal)
     outs = []
     while engine.has_unfinished_requests():
         outs += [o for o in engine.step() if o.finished]
@@ -266,7 +266,8 @@ def test_an_in_process_engine_leaves_its_process_as_it_was(vllm_engine, base_dir
 
     import numpy as np
 
-    from utils.agent.engines import MULTIPROCESSING_ENV, VLLMEngine
+    from utils.agent.engines import VLLMEngine
+    from utils.agent.vllm_compat import MULTIPROCESSING_ENV
     from utils.agent.sampling import SamplingSpec
     from utils.core.schema import EngineConfig
 
