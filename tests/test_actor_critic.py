@@ -16,7 +16,7 @@ from utils.agent.traces import ThinkStyle, episode_from_trace, make_trace
 from utils.core.config import ConfigError
 from utils.core.schema import RunConfig, TemplatesConfig
 from utils.eval.evaluation import actor_critic_metrics
-from utils.eval.infer import render
+from utils.deploy.infer import render
 
 AC = TemplatesConfig(thinking="actor_critic", actor_critic="ac\n")
 STEPS = [("12+7", "19"), ("19*3", "57"), ("57-4", "53")]

@@ -118,7 +118,7 @@ def test_choice_fields_fail_at_parse_time_listing_the_valid_values(override, val
 
 
 @pytest.mark.parametrize("key, below, minimum", [
-    # kv_cache_gb feeds the offline engine and utils/eval/serve.py alike: the schema refuses it for both
+    # kv_cache_gb feeds the offline engine and utils/deploy/serve.py alike: the schema refuses it for both
     ("model.engine.kv_cache_gb", "-1.0", "0.0"),
     ("algorithm.rl.n_samples", "1", "2"),  # a group of one has no advantage
     ("algorithm.red.G", "0.5", "1.0"),

@@ -15,7 +15,7 @@ from utils.core.schema import EngineConfig
 
 
 def _export(tmp_path, *args):
-    return subprocess.run([sys.executable, "-m", "utils.eval.export", "--set", f"outputs_dir={tmp_path / 'out'}",
+    return subprocess.run([sys.executable, "-m", "utils.deploy.export", "--set", f"outputs_dir={tmp_path / 'out'}",
                            *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 

@@ -24,7 +24,7 @@ CHAT = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"  # tiny-arith's
 
 @pytest.fixture(scope="module")
 def served(protocol_adapter, base_dir, tmp_path_factory):
-    from utils.eval.serve import Server
+    from utils.deploy.serve import Server
 
     tmp = tmp_path_factory.mktemp("serve")
     (tmp / "chat.jinja").write_text(CHAT)
@@ -98,7 +98,7 @@ def test_inference_command_on_the_served_model_and_offline(served, protocol_adap
     questions.write_text(json.dumps({"question": "12+30-7", "answers": ["35"]}) + "\n"
                          + json.dumps({"question": "40-8+3", "answers": ["35"]}) + "\n")
     for engine in ("openai", "hf"):
-        out = subprocess.run([sys.executable, "-m", "utils.eval.infer", "--engine", engine, "--checkpoint",
+        out = subprocess.run([sys.executable, "-m", "utils.deploy.infer", "--engine", engine, "--checkpoint",
                               str(protocol_adapter), "--questions", str(questions), "--save", str(tmp_path / engine),
                               "--set", f"model.engine.base_url={served.url}"], cwd=ROOT, capture_output=True,
                              text=True, timeout=300)
@@ -111,7 +111,7 @@ def test_inference_command_on_the_served_model_and_offline(served, protocol_adap
     assert answers[0] == answers[1]  # greedy: the served model and transformers agree
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "1+2"}\n{"q": "3+4"}\n')
-    out = subprocess.run([sys.executable, "-m", "utils.eval.infer", "--engine", "hf", "--questions", str(bad),
+    out = subprocess.run([sys.executable, "-m", "utils.deploy.infer", "--engine", "hf", "--questions", str(bad),
                           "--checkpoint", str(protocol_adapter)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 1 and f"{bad}, row 2, field 'question': expected a non-empty string" in out.stderr
 
@@ -142,7 +142,7 @@ def test_an_endpoint_that_never_answers_times_out(base_dir):
         score, comps = judge_score(JudgeConfig(enabled=True, base_url=url, timeout=1.0), "q", "a", ["a"])
         assert score == 0.0 and "timed out" in comps["judge_error"] and time.time() - t0 < 10
         t0 = time.time()
-        with pytest.raises(EndpointError, match="failed .*timed out.*python -m utils.eval.serve"):
+        with pytest.raises(EndpointError, match="failed .*timed out.*python -m utils.deploy.serve"):
             OpenAIEngine(base_dir, EngineConfig(base_url=url, request_timeout=1.0))
         assert time.time() - t0 < 10
     finally:

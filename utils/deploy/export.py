@@ -1,7 +1,7 @@
 """Export a trained checkpoint as a plain Hugging Face model: its LoRA adapter folded into the base
 weights, so transformers, vLLM or any other runtime loads it without peft.
 
-    .venv/bin/python -m utils.eval.export --run_id run_001 --checkpoint red [--out DIR]
+    .venv/bin/python -m utils.deploy.export --run_id run_001 --checkpoint red [--out DIR]
 
 `--checkpoint` is `sft_warmup`, a method name (its trainer's final adapter) or a peft adapter
 directory. The folder (default outputs/<run_id>/export/<checkpoint>/) holds the base's config,
