@@ -1,5 +1,6 @@
-"""05_train_red_grpo: RED-GRPO from the SFT checkpoint (method red by default; fixed_sft, grpo and
-sft are the same trainer with another --algorithm config).
+"""05_train_red_grpo: the methods with an SFT term, from the SFT checkpoint: red by default,
+fixed_sft, matched_sft and sft (the same trainer with another --algorithm config; the pure-RL
+methods are 06's, and this script refuses them).
 
 Each step rolls out questions x n samples on the engine serving the current LoRA adapter,
 scores them with the reward spec, and takes one optimizer step on

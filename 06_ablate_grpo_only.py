@@ -1,7 +1,8 @@
-"""06_ablate_grpo_only: the RED-GRPO trainer of 05 with the `grpo` algorithm config (SFT term off).
+"""06_ablate_grpo_only: the pure-RL methods, no SFT term: grpo by default, rloo, gspo and red_paper
+(the methods with an SFT term are 05's, and this script refuses them).
 
-Same code path (utils/train/rl_stage.py), same outputs layout
-(outputs/<run_id>/06_ablate_grpo_only/grpo/); only the config differs. Any 05 flag works here.
+The same trainer as 05 (utils/train/rl_stage.py), the same outputs layout
+(outputs/<run_id>/06_ablate_grpo_only/<method>/); only the config differs. Any 05 flag works here.
 """
 import sys
 

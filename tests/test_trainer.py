@@ -271,3 +271,20 @@ def test_rl_questions_keep_rows_with_enough_gold_subtasks(tmp_path):
     assert [r["id"] for r in kept] == ["r4", "r5", "r6"]  # the row without a decomposition is left out
     with pytest.raises(StageError, match=r"train.jsonl: no row has a gold decomposition of 7 or more subtasks"):
         rl_questions(rows, load_run_config(overrides=["algorithm.rl.min_subtasks=7"]), path)
+
+
+@pytest.mark.parametrize("stage, method, owner", [("05_train_red_grpo", "grpo", "06_ablate_grpo_only"),
+                                                  ("05_train_red_grpo", "red_paper", "06_ablate_grpo_only"),
+                                                  ("06_ablate_grpo_only", "red", "05_train_red_grpo"),
+                                                  ("06_ablate_grpo_only", "sft", "05_train_red_grpo")])
+def test_each_rl_script_refuses_the_other_scripts_methods(tmp_path, capsys, stage, method, owner):
+    """05 trains the methods with an SFT term, 06 the pure-RL ones: a method run by the other script
+    would land in a folder that 07 and the driver never look in, so it stops before anything is written."""
+    from utils.core.stages import run_main
+    from utils.train.rl_stage import run_rl_stage
+
+    argv = ["--set", f"outputs_dir={tmp_path}", "--run_id", "t", "--algorithm", method]
+    assert run_main(stage, lambda: run_rl_stage(stage, "", argv, default_algorithm="red")) == 1
+    err = capsys.readouterr().err
+    assert f"{stage}: {method} is" in err and f"trained by {owner}.py" in err and f"--method {method}" in err
+    assert not (tmp_path / "t").exists()

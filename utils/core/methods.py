@@ -2,8 +2,10 @@
 that define it (docs/ARCHITECTURE.md, "Methods").
 
 A method is a config, not a copy of the trainer: `configs/algorithms/<name>.yaml` sets the flags,
-and the same trainer runs them all. The name is the single spelling used everywhere: the config
-file, the trainer's output folder (`05_train_red_grpo/<name>/`), the evaluation folder
+and the same trainer runs them all. Which script trains it says what kind it is: 05 trains every
+method with an SFT term (red, fixed_sft, matched_sft, and sft, which has nothing else), 06 every
+pure-RL method (grpo, rloo, gspo, red_paper); each refuses the other's methods. The name is the single spelling used everywhere: the config
+file, the trainer's output folder (`05_train_red_grpo/<name>/` or `06_ablate_grpo_only/<name>/`), the evaluation folder
 (`07_evaluate/<name>/`) and the report's rows. Two evaluated checkpoints are not methods: `base`
 (the bare base model) and `sft_warmup` (04's adapter, the start of every method).
 
@@ -52,11 +54,11 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "GRPO + constant SFT weight equal to red's mean weight in the same seed's run (G = 1)",
            matched=True, needs=("red",)),
     Method("sft", "05_train_red_grpo", False, True, None, "the SFT term alone, no rollouts"),
-    Method("rloo", "05_train_red_grpo", True, False, None, "GRPO with RLOO's leave-one-out advantage, no SFT term",
+    Method("rloo", "06_ablate_grpo_only", True, False, None, "GRPO with RLOO's leave-one-out advantage, no SFT term",
            loo=True, in_study=False),
-    Method("gspo", "05_train_red_grpo", True, False, None, "GSPO: one clipped ratio per sequence, no SFT term",
+    Method("gspo", "06_ablate_grpo_only", True, False, None, "GSPO: one clipped ratio per sequence, no SFT term",
            policy_loss="gspo", in_study=False),
-    Method("red_paper", "05_train_red_grpo", True, False, None,
+    Method("red_paper", "06_ablate_grpo_only", True, False, None,
            "RED as its paper's code has it: expert traces inside the GRPO groups, accuracy-aware ratio, "
            "entropy-change weight on their advantages; no SFT term, no KL", offline=True, in_study=False),
 )}

@@ -20,6 +20,7 @@ from utils.core.cli import parse_stage_args
 from utils.core.config import to_dict
 from utils.core.io import read_jsonl
 from utils.core.manifest import StageRun
+from utils.core.methods import METHODS
 from utils.core.models import load_tokenizer
 from utils.core.stages import StageError, model_dir, output_path, parent, stage_config, stage_dir
 from utils.core.tracking import MetricsLogger, NullLogger
@@ -127,6 +128,11 @@ def run_rl_stage(stage: str, description: str, argv: list[str], default_algorith
     argv = list(argv) if "--algorithm" in argv else ["--algorithm", default_algorithm, *argv]
     cfg, _ = parse_stage_args(description, argv)
     method = cfg.algorithm.method
+    if METHODS[method].trainer != stage:
+        kind = "a pure-RL method" if stage == "05_train_red_grpo" else "a method with an SFT term"
+        raise StageError(f"{stage}: {method} is {kind}, trained by {METHODS[method].trainer}.py (05 trains the "
+                         "methods with an SFT term, 06 the pure-RL ones); run that script, or 09_driver.py "
+                         f"--method {method}")
     out = stage_dir(cfg, f"{stage}/{method}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
