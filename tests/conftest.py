@@ -165,3 +165,19 @@ def pytest_collection_modifyitems(items):
     count = Counter(item.path for item in items)
     items.sort(key=lambda item: (item.path not in vllm, -slow[item.path] / count[item.path], -count[item.path],
                                  str(item.path)))
+
+
+@pytest.fixture
+def prepared(tmp_path):
+    """outputs/t/{00,01,02} on a small synthetic dataset; (outputs dir, the flags that made it)."""
+    from helpers import SMALL, run_stage
+    from utils.core.schema import DataConfig
+    from utils.data.synthetic import write_dataset
+
+    root = tmp_path / "synth"
+    write_dataset(DataConfig(n_train=60, n_val=8, n_test=8), root)
+    out = tmp_path / "outputs"
+    args = ["--set", f"data.path={root}", *SMALL]
+    for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards"):
+        assert run_stage(stage, out, *args) == 0
+    return out, args

@@ -1,18 +1,42 @@
-"""Helpers for tests: config overrides, the mechanics tests' regime, free ports, a process killed
-once it has logged. Quick protocol-following adapters are in utils/tinyarith/quick.py."""
+"""Everything two or more test modules share, so that no test module imports another: config
+overrides and the tiny-run settings, running a stage in this process and reading its manifest,
+the small datasets and rows tests train and roll out on, an RL trainer built by hand, 08 as a
+subprocess, free ports, a process killed once it has logged. Fixtures are in conftest.py; quick
+protocol-following adapters are in utils/tinyarith/quick.py."""
 from __future__ import annotations
 
+import importlib
+import json
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
+
+import torch
+
+from utils.core.config import ROOT
+from utils.core.schema import DataConfig
+from utils.data.synthetic import generate_rows
+from utils.tinyarith.quick import SHORT_CHAINS
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 # Tests of the pipeline's mechanics run in regime D (configs/regimes/regime_d.yaml): their runs are
 # too short to learn anything, and the default regime's dynamic sampling rightly stops a run whose
 # every group scores alike. The default regime's own pieces have their own tests
 # (test_dynamic_sampling, test_primary_metric, test_sft_stages' imperfect teacher, test_config).
 REGIME_D = "regime=regime_d"
+
+# One tiny run for tests that go through whole stages: too short to learn anything, long enough
+# for every stage to do its work (the driver's tests, the Ray executor's, the launcher's).
+TINY = [REGIME_D, "data.n_train=40", "data.n_val=6", "data.n_test=6", "warmup.steps=6", "warmup.eval_every=0",
+        "warmup.eval_size=3", "warmup.batch_size=8", "algorithm.rl.steps=2", "algorithm.rl.questions_per_step=2",
+        "algorithm.rl.n_samples=2", "model.engine.name=hf", "wandb_mode=disabled"]
+# the small synthetic dataset of the `prepared` fixture (conftest.py)
+SMALL = ["--set", "data.n_train=60", "--set", "data.n_val=8", "--set", "data.n_test=8", "--set", REGIME_D]
+MASK = torch.tensor([[1., 1., 1., 0.], [1., 1., 0., 0.]])  # two sequences' loss masks, for the loss maths
 
 
 def set_args(*settings: str) -> list[str]:
@@ -39,3 +63,79 @@ def kill_once_logged(cmd: list[str], cwd: Path, log: Path, lines: int, timeout: 
             break
         time.sleep(0.05)
     return proc.wait(timeout=60)
+
+
+def run_stage(stage: str, outputs: Path, *args: str) -> int:
+    """A numbered stage's main() in this process, on run id "t" under `outputs`; its exit code."""
+    from utils.core.stages import run_main
+
+    mod = importlib.import_module(stage)
+    argv = ["--set", f"outputs_dir={outputs}", "--run_id", "t", *args]
+    return run_main(stage, lambda: mod.main(argv))
+
+
+def manifest(outputs: Path, stage: str) -> dict:
+    return json.loads((outputs / "t" / stage / "manifest.json").read_text())
+
+
+def sft_args(extra=()) -> list[str]:
+    """A 12-step SFT warmup on the HF engine, saving every 3 steps, no validation."""
+    return ["--set", "warmup.steps=12", "--set", "warmup.batch_size=8", "--set", "warmup.save_every=3",
+            "--set", "warmup.eval_every=0", "--set", "warmup.eval_size=4", "--set", "model.engine.name=hf",
+            "--set", "warmup.warmup_steps=2", *extra]
+
+
+def run_compare(tmp_path, *args) -> subprocess.CompletedProcess:
+    """08_compare_runs.py as a subprocess over `tmp_path`/outputs."""
+    return subprocess.run([sys.executable, "08_compare_runs.py", "--set", f"outputs_dir={tmp_path / 'outputs'}",
+                           "--set", "wandb_mode=disabled", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def arith_rows(n=12) -> list[dict]:
+    """n short-chain test questions (seed 77) as rollout rows."""
+    rows = generate_rows(DataConfig(n_train=0, n_val=0, n_test=n, seed=77, **SHORT_CHAINS))["test"]
+    return [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])]} for r in rows]
+
+
+def greedy_episodes(engine, tok, rows):
+    """One greedy episode per row, four planner turns at most, default templates."""
+    from utils.agent.rollout import Codec, Rollout, RolloutSpec
+    from utils.core.schema import TemplatesConfig
+
+    ro = Rollout(engine, Codec(tok, TemplatesConfig()), RolloutSpec(max_turns=4, temperature=0.0))
+    return ro.run(rows, n=1, seed=0)
+
+
+def peft_logprobs(base_dir, adapter, ids, start) -> list[float]:
+    """transformers + peft's log-prob of each token of `ids` from position `start` on (the reference)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, str(adapter))
+    model.eval()
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+    return [logp[k - 1, ids[k]].item() for k in range(start, len(ids))]
+
+
+def make_trainer(cfg, engine, adapter, tmp_path, base_dir):
+    """A GrpoTrainer on 40 short-chain questions with their gold traces, logging to `tmp_path`."""
+    from transformers import AutoTokenizer
+
+    from utils.agent.rollout import Codec, Rollout, RolloutSpec
+    from utils.core.tracking import MetricsLogger
+    from utils.reward.spec import RewardSpec
+    from utils.tinyarith.quick import gold_examples
+    from utils.train.grpo_trainer import GrpoTrainer
+    from utils.train.policy import load_policy
+
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    codec = Codec(tok, cfg.model.templates)
+    rows = [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])], "meta": {"steps": r["steps"]}}
+            for r in generate_rows(DataConfig(n_train=40, n_val=0, n_test=0, **SHORT_CHAINS))["train"]]
+    model = load_policy(base_dir, cfg.model.lora, adapter=adapter)
+    ro = Rollout(engine, codec, RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature))
+    return GrpoTrainer(cfg, model, engine, ro, RewardSpec(), rows, gold_examples(rows, codec), tok.pad_token_id,
+                       tmp_path, MetricsLogger(tmp_path / "metrics.jsonl"), "sha")

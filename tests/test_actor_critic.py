@@ -5,8 +5,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from test_data_stages import run_stage
-from test_sft_stages import prepared  # noqa: F401 - a fixture
+from helpers import run_stage
 from utils.agent.episode import Episode, Segment
 from utils.agent.prompts import render_executor, render_planner
 from utils.agent.protocol import (EXECUTOR, PLANNER, THINK, actor_critic_think, executor_turn, extract_tag,

@@ -2,14 +2,13 @@
 paired bootstrap is right on cases with known answers; bad inputs name the file and row."""
 import csv
 import json
-import subprocess
-import sys
 
 import pytest
 
 from utils.eval.compare import config_diff
 from utils.eval.stats import holm, mean_ci_across_seeds, paired_test, verdict
 from utils.core.config import ROOT
+from helpers import run_compare
 
 FIELDS = ("accuracy", "format", "answered", "reward", "turns", "subtasks", "tokens_planner", "tokens_executor")
 
@@ -40,11 +39,6 @@ def _evaluation(run_dir, checkpoint, seed, scores, lr=5e-4):
     return metrics
 
 
-def _compare(tmp_path, *args):
-    return subprocess.run([sys.executable, "08_compare_runs.py", "--set", f"outputs_dir={tmp_path / 'outputs'}",
-                           "--set", "wandb_mode=disabled", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
-
-
 def test_summary_and_report_carry_the_metrics_json_numbers(tmp_path):
     run = tmp_path / "outputs" / "r"
     sources = {}
@@ -53,7 +47,7 @@ def test_summary_and_report_carry_the_metrics_json_numbers(tmp_path):
         sources[(seed, "red")] = _evaluation(sd, "red", seed, [1.0] * (15 + seed) + [0.0] * (5 - seed))
         sources[(seed, "grpo")] = _evaluation(sd, "grpo", seed, [1.0] * 10 + [0.0] * 10, lr=1e-3)
         sources[(seed, "sft_warmup")] = _evaluation(sd, "sft_warmup", seed, [0.0] * 20)
-    res = _compare(tmp_path, "--run_id", "r")
+    res = run_compare(tmp_path, "--run_id", "r")
     assert res.returncode == 0, res.stderr
     out = run / "08_compare_runs"
     rows = list(csv.DictReader((out / "summary.csv").open()))
@@ -200,16 +194,16 @@ def test_bad_inputs_name_the_file_and_row(tmp_path, damage, message):
     _evaluation(run, "red", 1, [1.0, 0.0])
     _evaluation(run, "sft_warmup", 1, [0.0, 0.0])
     damage(run / "07_evaluate" / "red")
-    res = _compare(tmp_path, "--run_id", "r")
+    res = run_compare(tmp_path, "--run_id", "r")
     assert res.returncode == 1 and message in res.stderr, res.stderr
     assert not (run / "08_compare_runs" / "report.md").exists()
 
 
 def test_missing_runs_fail_clearly(tmp_path):
-    res = _compare(tmp_path, "--runs", str(tmp_path / "nope_*"))
+    res = run_compare(tmp_path, "--runs", str(tmp_path / "nope_*"))
     assert res.returncode == 1 and "matches no directory" in res.stderr
     (tmp_path / "outputs" / "empty").mkdir(parents=True)
-    res = _compare(tmp_path, "--run_id", "empty")
+    res = run_compare(tmp_path, "--run_id", "empty")
     assert res.returncode == 1 and "no completed 07_evaluate" in res.stderr
 
 

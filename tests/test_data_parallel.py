@@ -10,9 +10,7 @@ import time
 
 import pytest
 
-from helpers import REGIME_D, free_port, set_args
-from test_data_stages import run_stage
-from test_sft_stages import _sft_args, prepared  # noqa: F401  (a fixture)
+from helpers import free_port, REGIME_D, run_stage, set_args, sft_args
 from utils.core.config import ROOT
 
 
@@ -25,7 +23,7 @@ def two_ranks() -> list[str]:
 
 def _sft(out, args, run_id, launch=(), env=None, extra=()):
     cmd = [*launch, *([] if launch else [sys.executable]), "04_sft_warmup.py", "--set", f"outputs_dir={out}", *args,
-           *_sft_args(extra), "--run_id", run_id]
+           *sft_args(extra), "--run_id", run_id]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={k: v for k, v in os.environ.items() if not k.startswith("REDCODA_FAULT")} | (env or {}))
 
@@ -84,7 +82,7 @@ def test_ranks_stop_with_a_killed_launcher_and_the_same_command_resumes(prepared
     assert run_stage("03_generate_sft_traces", out, *args) == 0
     shutil.copytree(out / "t", out / "orphan")
     steps = set_args("warmup.steps=60")  # long enough to be cut after step 10, short enough to finish
-    cmd = [*two_ranks(), "04_sft_warmup.py", "--set", f"outputs_dir={out}", *args, *_sft_args(steps), "--run_id", "orphan"]
+    cmd = [*two_ranks(), "04_sft_warmup.py", "--set", f"outputs_dir={out}", *args, *sft_args(steps), "--run_id", "orphan"]
     launcher = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = out / "orphan" / "04_sft_warmup" / "logs" / "train.jsonl"
     deadline = time.time() + 300

@@ -1,5 +1,4 @@
 """Stages 00-02 on the embedded default and on small native-format fixtures, including bad input."""
-import importlib
 import json
 import re
 import shutil
@@ -11,21 +10,7 @@ from utils.core.io import DataError
 from utils.data.adapters import load_split
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset
-
-FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def run_stage(stage: str, outputs: Path, *args: str) -> int:
-    from utils.core.stages import run_main
-
-    mod = importlib.import_module(stage)
-    argv = ["--set", f"outputs_dir={outputs}", "--run_id", "t", *args]
-    return run_main(stage, lambda: mod.main(argv))
-
-
-def manifest(outputs: Path, stage: str) -> dict:
-    return json.loads((outputs / "t" / stage / "manifest.json").read_text())
-
+from helpers import FIXTURES, manifest, run_stage
 
 @pytest.fixture
 def synth(tmp_path):

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import torch
 
-from test_data_stages import run_stage
+from helpers import run_stage
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset
 

@@ -10,14 +10,11 @@ import time
 
 import pytest
 
-from helpers import REGIME_D, set_args
+from helpers import TINY, set_args
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset
 
-TINY = [REGIME_D, "data.n_train=40", "data.n_val=6", "data.n_test=6", "warmup.steps=6", "warmup.eval_every=0",
-        "warmup.eval_size=3", "warmup.batch_size=8", "algorithm.rl.steps=2", "algorithm.rl.questions_per_step=2",
-        "algorithm.rl.n_samples=2", "model.engine.name=hf", "wandb_mode=disabled"]
 
 
 RUN = "red"  # a run id that is also a method and a checkpoint name: the driver must not confuse them

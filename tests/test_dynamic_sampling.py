@@ -10,7 +10,7 @@ import torch
 from transformers import AutoTokenizer
 
 from scripted import RuleEngine
-from test_trainer import _trainer
+from helpers import make_trainer
 from utils.core.loader import load_run_config
 from utils.core.stages import StageError
 from utils.core.stream import take
@@ -48,7 +48,7 @@ def _expected(trainer, rounds: int, mixed: set[str]):
 
 @pytest.mark.parametrize("rounds", [1, 6])
 def test_dropped_groups_are_refilled_up_to_the_cap(hf_base, base_dir, tmp_path, rounds):
-    trainer = _trainer(_cfg(rounds), None, None, tmp_path, base_dir)
+    trainer = make_trainer(_cfg(rounds), None, None, tmp_path, base_dir)
     mixed = {r["question"] for i, r in enumerate(trainer.rows) if i % 3 == 0}
     engine = _engine(hf_base, base_dir, trainer.rows, mixed)
     trainer.engine = trainer.rollout.engine = engine
@@ -67,7 +67,7 @@ def test_dropped_groups_are_refilled_up_to_the_cap(hf_base, base_dir, tmp_path, 
 
 
 def test_a_step_with_no_signal_stops_the_run_without_training(hf_base, base_dir, tmp_path):
-    trainer = _trainer(_cfg(2), None, None, tmp_path, base_dir)
+    trainer = make_trainer(_cfg(2), None, None, tmp_path, base_dir)
     trainer.engine = trainer.rollout.engine = _engine(hf_base, base_dir, trainer.rows, mixed=set())
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     with pytest.raises(StageError, match=r"every group of 12 questions had equal answer scores .* after 2 extra "
@@ -85,7 +85,7 @@ def test_an_expert_gives_its_group_a_signal_under_red_paper(hf_base, base_dir, t
     cfg = load_run_config(algorithm="red_paper", overrides=[
         "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=4", "algorithm.rl.n_samples=4",
         "algorithm.rl.dynamic_sampling=3", "algorithm.rl.save_freq=100", "algorithm.rl.dump_freq=0"])
-    trainer = _trainer(cfg, None, None, tmp_path, base_dir)
+    trainer = make_trainer(cfg, None, None, tmp_path, base_dir)
     trainer.engine = trainer.rollout.engine = _engine(hf_base, base_dir, trainer.rows, mixed=set())
     for row in trainer.rows[::3]:
         trace, _ = trace_from_row(row, "gold")

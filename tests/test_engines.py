@@ -6,21 +6,9 @@ from transformers import AutoTokenizer
 
 from utils.agent.rollout import Codec, Rollout, RolloutSpec
 from utils.core.schema import TemplatesConfig
-from utils.data.synthetic import generate_rows
-from utils.core.schema import DataConfig
-from utils.tinyarith.quick import SHORT_CHAINS
+from helpers import arith_rows, greedy_episodes, peft_logprobs
 
 LOGPROB_TOL = 1e-4  # fp32 on CPU (measured agreement: docs/ARCHITECTURE.md "Engines")
-
-
-def _rows(n=12):
-    rows = generate_rows(DataConfig(n_train=0, n_val=0, n_test=n, seed=77, **SHORT_CHAINS))["test"]
-    return [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])]} for r in rows]
-
-
-def _greedy(engine, tok, rows):
-    ro = Rollout(engine, Codec(tok, TemplatesConfig()), RolloutSpec(max_turns=4, temperature=0.0))
-    return ro.run(rows, n=1, seed=0)
 
 
 @pytest.mark.parametrize("which", ["base", "random_adapter", "protocol_adapter"])
@@ -32,8 +20,8 @@ def test_greedy_rollouts_identical_across_engines(which, any_vllm, hf_engine, ad
     tok = AutoTokenizer.from_pretrained(base_dir)
     vllm_engine.set_adapter(path)
     hf_engine.set_adapter(path)
-    rows = _rows()
-    v_eps, h_eps = _greedy(vllm_engine, tok, rows), _greedy(hf_engine, tok, rows)
+    rows = arith_rows()
+    v_eps, h_eps = greedy_episodes(vllm_engine, tok, rows), greedy_episodes(hf_engine, tok, rows)
     worst = 0.0
     for v, h in zip(v_eps, h_eps):
         assert (v.status, v.final_answer) == (h.status, h.final_answer)
@@ -55,8 +43,8 @@ def test_greedy_without_logprobs_decodes_the_same_tokens(any_vllm, protocol_adap
 
     tok = AutoTokenizer.from_pretrained(base_dir)
     any_vllm.set_adapter(protocol_adapter)
-    rows = _rows()
-    with_lp = _greedy(any_vllm, tok, rows)
+    rows = arith_rows()
+    with_lp = greedy_episodes(any_vllm, tok, rows)
     spec = RolloutSpec(max_turns=4, temperature=0.0, logprobs=False)
     without = Rollout(any_vllm, Codec(tok, TemplatesConfig()), spec).run(rows, n=1, seed=0)
     view = lambda eps: [(e.status, e.final_answer, [(s.role, s.context_ids, s.gen_ids, s.text, s.finish_reason)  # noqa: E731
@@ -93,7 +81,7 @@ def test_rollout_logprobs_skip_their_token_text(vllm_merged, protocol_adapter, b
     assert len(lps.logprobs) == len(out.outputs[0].token_ids) > 0
     assert set(lps.decoded_tokens) == {None}
 
-    rows = _rows(8)
+    rows = arith_rows(8)
     spec = RolloutSpec(max_turns=4, temperature=1.0)
     runs = {}
     for fast in (False, True):
@@ -104,19 +92,6 @@ def test_rollout_logprobs_skip_their_token_text(vllm_merged, protocol_adapter, b
     vllm_merged.fast_logprobs = True
     assert [g for g, _ in runs[True]] == [g for g, _ in runs[False]]
     assert runs[True] == runs[False]
-
-
-def _peft_logprobs(base_dir, adapter, ids, start):
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    if adapter is not None:
-        model = PeftModel.from_pretrained(model, str(adapter))
-    model.eval()
-    with torch.no_grad():
-        logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
-    return [logp[k - 1, ids[k]].item() for k in range(start, len(ids))]
 
 
 def test_adapter_update_reaches_the_vllm_sampler(vllm_engine, adapters, base_dir):
@@ -131,14 +106,14 @@ def test_adapter_update_reaches_the_vllm_sampler(vllm_engine, adapters, base_dir
     id_a = vllm_engine.lora.lora_int_id
     vllm_engine.set_adapter(b)
     lp_b = vllm_engine.prompt_logprobs(ids, start)
-    ref_a, ref_b = _peft_logprobs(base_dir, a, ids, start), _peft_logprobs(base_dir, b, ids, start)
+    ref_a, ref_b = peft_logprobs(base_dir, a, ids, start), peft_logprobs(base_dir, b, ids, start)
     assert max(abs(x - y) for x, y in zip(lp_a, ref_a)) < LOGPROB_TOL
     assert max(abs(x - y) for x, y in zip(lp_b, ref_b)) < LOGPROB_TOL
     assert max(abs(x - y) for x, y in zip(lp_a, lp_b)) > 1e-2  # a stale sampler would fail here
     assert id_a not in vllm_engine.loaded_adapters()
     vllm_engine.set_adapter(None)
     lp_base = vllm_engine.prompt_logprobs(ids, start)
-    assert max(abs(x - y) for x, y in zip(lp_base, _peft_logprobs(base_dir, None, ids, start))) < LOGPROB_TOL
+    assert max(abs(x - y) for x, y in zip(lp_base, peft_logprobs(base_dir, None, ids, start))) < LOGPROB_TOL
 
 
 def test_merged_serving_follows_each_adapter_and_restores_the_base(vllm_merged, adapters, base_dir):
@@ -153,7 +128,7 @@ def test_merged_serving_follows_each_adapter_and_restores_the_base(vllm_merged, 
     for adapter in (a, b, a):
         vllm_merged.set_adapter(adapter)
         lp = vllm_merged.prompt_logprobs(ids, start)
-        assert max(abs(x - y) for x, y in zip(lp, _peft_logprobs(base_dir, adapter, ids, start))) < LOGPROB_TOL
+        assert max(abs(x - y) for x, y in zip(lp, peft_logprobs(base_dir, adapter, ids, start))) < LOGPROB_TOL
         assert max(abs(x - y) for x, y in zip(lp, lp_base)) > 1e-2  # the adapter really changed the weights
     vllm_merged.set_adapter(None)
     assert vllm_merged.prompt_logprobs(ids, start) == lp_base

@@ -3,8 +3,7 @@ checkpoint's outputs and manifest are what evaluating it alone gives."""
 import json
 import shutil
 
-from test_data_stages import run_stage
-from test_sft_stages import _sft_args, prepared  # noqa: F401  (fixture)
+from helpers import run_stage, sft_args
 
 EVAL = ["--set", "model.engine.memory_share=0.1", "--set", "model.engine.lora_serving=merged"]
 
@@ -18,7 +17,7 @@ def _outputs(out, checkpoint):
 def test_checkpoints_sharing_one_engine_equal_separate_evaluations(prepared):  # noqa: F811
     out, args = prepared
     assert run_stage("03_generate_sft_traces", out, *args) == 0
-    assert run_stage("04_sft_warmup", out, *args, *_sft_args()) == 0
+    assert run_stage("04_sft_warmup", out, *args, *sft_args()) == 0
     # adapter first, then the bare base: the engine must unmerge what it served before
     assert run_stage("07_evaluate", out, *args, *EVAL, "--checkpoint", "sft_warmup,base") == 0
     shared = {c: _outputs(out, c) for c in ("sft_warmup", "base")}

@@ -8,7 +8,7 @@ import sys
 import torch
 from transformers import AutoTokenizer
 
-from test_engines import _greedy, _peft_logprobs, _rows
+from helpers import greedy_episodes, peft_logprobs, arith_rows
 from utils.core.config import ROOT
 from utils.core.manifest import path_sha256
 from utils.core.schema import EngineConfig
@@ -39,16 +39,16 @@ def test_exported_model_loads_without_peft_and_serves_identically(protocol_adapt
     with torch.no_grad():
         logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0], -1)
     merged = [logp[k - 1, ids[k]].item() for k in range(8, len(ids))]
-    unmerged = _peft_logprobs(base_dir, protocol_adapter, ids, 8)
+    unmerged = peft_logprobs(base_dir, protocol_adapter, ids, 8)
     assert max(abs(a - b) for a, b in zip(merged, unmerged)) < 1e-4
-    assert max(abs(a - b) for a, b in zip(merged, _peft_logprobs(base_dir, None, ids, 8))) > 1e-2  # really merged
+    assert max(abs(a - b) for a, b in zip(merged, peft_logprobs(base_dir, None, ids, 8))) > 1e-2  # really merged
 
-    rows = _rows(24)
+    rows = arith_rows(24)
     vllm_engine.set_adapter(protocol_adapter)
-    served = _greedy(vllm_engine, tok, rows)
+    served = greedy_episodes(vllm_engine, tok, rows)
     plain = VLLMEngine(out, EngineConfig(memory_share=0.1), enable_lora=False)
     try:
-        exported = _greedy(plain, tok, rows)
+        exported = greedy_episodes(plain, tok, rows)
     finally:
         plain.close()
     assert sum(e.status == "answered" for e in served) >= len(rows) // 2 and max(e.n_turns for e in served) >= 2

@@ -3,7 +3,6 @@ interpreter (`run_child`). A forked stage must behave as a fresh one: its own ar
 output, its exit handlers run, none of the parent's `finally` blocks run in it, a SIGTERM stops it
 the same way; and the whole chain gives the same files either way."""
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -11,13 +10,12 @@ import time
 
 import pytest
 
-from helpers import set_args
+from helpers import set_args, TINY
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.core.signals import PARENT_ENV, run_forked, single_threaded
 from utils.data.synthetic import write_dataset
 
-from tests.test_driver import TINY
 
 SCRIPT = """
 import atexit, json, os, sys

@@ -100,6 +100,17 @@ def test_benchmarks_and_the_library_never_import_tests():
     assert not offenders, offenders
 
 
+def test_no_test_module_imports_another():
+    """What two test modules share lives in tests/helpers.py (functions, settings) or conftest.py
+    (fixtures): a test module imported by another runs its import-time code twice and couples
+    two files' private names."""
+    test_modules = {p.stem for p in (ROOT / "tests").glob("test_*.py")} | {"tests"}
+    offenders = [f"{p.name} imports {sorted({m.split('.')[0] for m in _all_imports(p)} & test_modules)}"
+                 for p in sorted((ROOT / "tests").glob("*.py"))
+                 if {m.split(".")[0] for m in _all_imports(p)} & test_modules]
+    assert not offenders, offenders
+
+
 @pytest.mark.parametrize("path", _python_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_sizes(path):
     lines = path.read_text().splitlines()

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from test_data_stages import run_stage
+from helpers import run_stage
 from utils.core.config import ROOT
 from utils.core.lock import HOLDER_ENV, RunLock, RunLocked
 

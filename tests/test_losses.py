@@ -7,8 +7,8 @@ import torch
 from utils.train.losses import (AGGREGATIONS, Agg, POLICY_LOSSES, advantages, aggregate, gather_logprobs, gspo_loss,
                                 k3_kl, policy_loss, ppo_clip_loss, sft_cross_entropy, tis_weights, token_entropy)
 from utils.train.red import RedState, red_update, red_weights
+from helpers import MASK
 
-MASK = torch.tensor([[1., 1., 1., 0.], [1., 1., 0., 0.]])
 X = torch.tensor([[1., 2., 3., 100.], [4., 6., 100., 100.]])
 
 

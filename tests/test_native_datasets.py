@@ -5,7 +5,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from test_data_stages import FIXTURES, manifest, run_stage
+from helpers import FIXTURES, manifest, run_stage
 from utils.agent.prompts import TemplateError, fit_context, render_executor, render_planner
 from utils.core.schema import DataConfig, TemplatesConfig
 from utils.core.loader import load_run_config

@@ -7,9 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from scripted import RuleEngine
-from test_compare import _compare
-from test_data_stages import run_stage
-from test_sft_stages import prepared  # noqa: F401 - fixture
+from helpers import run_compare, run_stage
 from utils.agent.rollout import Codec, RolloutSpec
 from utils.core.schema import TemplatesConfig
 from utils.eval.evaluation import sampled_eval
@@ -60,7 +58,7 @@ def test_08_tests_the_declared_primary_metric(tmp_path):
         sd = run / f"seed_{seed}"
         _evaluation(sd, "grpo", seed, [1.0, 0.0] * 10, [0.5] * 20)
         _evaluation(sd, "sft_warmup", seed, [1.0, 0.0] * 10, [0.5 - gap] * 20)
-    res = _compare(tmp_path, "--run_id", "r")
+    res = run_compare(tmp_path, "--run_id", "r")
     assert res.returncode == 0, res.stderr
     report = (run / "08_compare_runs" / "report.md").read_text()
     assert "Primary metric of the paired tests: **mean@4 at temperature 0.7**." in report
@@ -72,7 +70,7 @@ def test_08_refuses_a_run_whose_evaluations_disagree_on_the_primary_metric(tmp_p
     run = tmp_path / "outputs" / "r"
     _evaluation(run, "grpo", 1, [1.0, 0.0], [0.5, 0.5])
     _evaluation(run, "sft_warmup", 1, [1.0, 0.0], [0.5, 0.5], primary="greedy")
-    res = _compare(tmp_path, "--run_id", "r")
+    res = run_compare(tmp_path, "--run_id", "r")
     assert res.returncode == 1 and "declare different primary metrics" in res.stderr
 
 

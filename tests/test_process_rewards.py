@@ -7,8 +7,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from helpers import REGIME_D
-from test_trainer import _trainer
+from helpers import make_trainer, REGIME_D
 from utils.agent.episode import Episode, Segment
 from utils.agent.rollout import Codec
 from utils.agent.traces import episode_from_trace, make_trace
@@ -133,7 +132,7 @@ def test_the_trainer_adds_verified_step_rewards(hf_engine, protocol_adapter, tmp
     cfg = load_run_config(algorithm="grpo", overrides=[
         REGIME_D, "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=3", "algorithm.rl.n_samples=3",
         "algorithm.rl.dump_freq=0", "algorithm.rl.save_freq=100", "reward.process.source=verifier"])
-    trainer = _trainer(cfg, hf_engine, protocol_adapter, tmp_path, base_dir)
+    trainer = make_trainer(cfg, hf_engine, protocol_adapter, tmp_path, base_dir)
     trainer.spec = RewardSpec(process=ProcessRewardConfig(source="verifier"))
     (m,) = trainer.train()
     assert 0.0 <= m["process/step_reward_mean"] <= 1.0 and m["process/steps_per_episode"] > 0
@@ -146,7 +145,7 @@ def test_the_trainer_adds_verified_step_rewards(hf_engine, protocol_adapter, tmp
 
 
 def test_masked_tokens_cannot_change_a_per_token_advantage_loss():
-    from test_losses import MASK
+    from helpers import MASK
     from utils.train.losses import AGGREGATIONS, Agg
 
     torch.manual_seed(5)

@@ -8,8 +8,7 @@ import sys
 
 import pytest
 
-from helpers import set_args
-from test_driver import TINY
+from helpers import set_args, TINY
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset

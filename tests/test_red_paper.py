@@ -6,8 +6,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from test_losses import MASK
-from test_trainer import _trainer
+from helpers import make_trainer, MASK
 from utils.agent.protocol import EXECUTOR, PLANNER, format_score
 from utils.agent.rollout import Codec
 from utils.agent.traces import OfflineSample, episode_from_trace, examples_from_trace, make_trace
@@ -160,7 +159,7 @@ def test_the_trainer_puts_experts_in_their_groups(hf_engine, protocol_adapter, t
     cfg = load_run_config(algorithm="red_paper", overrides=[
         "algorithm.rl.steps=2", "algorithm.rl.questions_per_step=3", "algorithm.rl.n_samples=3",
         "algorithm.rl.lr=0.003", "algorithm.rl.dump_freq=0", "algorithm.rl.save_freq=100"])
-    trainer = _trainer(cfg, hf_engine, protocol_adapter, tmp_path, base_dir)
+    trainer = make_trainer(cfg, hf_engine, protocol_adapter, tmp_path, base_dir)
     codec = trainer.rollout.codec
     from utils.agent.traces import trace_from_row
     for row in trainer.rows[::2]:  # half the questions have an expert trace

@@ -3,7 +3,7 @@ stage by stage (utils/run/diff.py)."""
 import json
 import shutil
 
-from test_data_stages import run_stage
+from helpers import run_stage
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset
 from utils.run.diff import main

@@ -13,8 +13,7 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
-from helpers import free_port
-from test_engines import _greedy, _rows
+from helpers import arith_rows, free_port, greedy_episodes
 from utils.core.config import ROOT
 from utils.core.http import request_json
 from utils.core.schema import EngineConfig, JudgeConfig
@@ -55,12 +54,12 @@ def test_openai_engine_agrees_with_the_offline_engine(served, vllm_engine, proto
 
     tok = AutoTokenizer.from_pretrained(base_dir)
     engine = OpenAIEngine(base_dir, EngineConfig(base_url=served.url))
-    rows = _rows(12)
+    rows = arith_rows(12)
     answered = {}
     for adapter in (protocol_adapter, None):
         engine.set_adapter(adapter)
         vllm_engine.set_adapter(adapter)
-        online, offline = _greedy(engine, tok, rows), _greedy(vllm_engine, tok, rows)
+        online, offline = greedy_episodes(engine, tok, rows), greedy_episodes(vllm_engine, tok, rows)
         for a, b in zip(online, offline):
             assert (a.status, a.final_answer) == (b.status, b.final_answer)
             assert [(s.role, s.context_ids, s.gen_ids, s.text) for s in a.segments] == \

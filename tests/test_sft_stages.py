@@ -10,26 +10,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from helpers import REGIME_D, kill_once_logged
-from test_data_stages import FIXTURES, manifest, run_stage
+from helpers import FIXTURES, kill_once_logged, manifest, run_stage, sft_args
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
-from utils.data.synthetic import write_dataset
-
-SMALL = ["--set", "data.n_train=60", "--set", "data.n_val=8", "--set", "data.n_test=8", "--set", REGIME_D]
-
-
-@pytest.fixture
-def prepared(tmp_path):
-    """outputs/t/{00,01,02} on a small synthetic dataset."""
-    root = tmp_path / "synth"
-    write_dataset(DataConfig(n_train=60, n_val=8, n_test=8), root)
-    out = tmp_path / "outputs"
-    args = ["--set", f"data.path={root}", *SMALL]
-    for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards"):
-        assert run_stage(stage, out, *args) == 0
-    return out, args
-
 
 def _records(out):
     path = out / "t" / "03_generate_sft_traces" / "sft_traces.jsonl"
@@ -179,12 +162,6 @@ def test_teacher_traces_from_a_real_engine(prepared, protocol_adapter, capsys):
     assert (stats["accepted_episodes"], stats["sampled_episodes"]) == (len(recs), 120)
 
 
-def _sft_args(extra=()):
-    return ["--set", "warmup.steps=12", "--set", "warmup.batch_size=8", "--set", "warmup.save_every=3",
-            "--set", "warmup.eval_every=0", "--set", "warmup.eval_size=4", "--set", "model.engine.name=hf",
-            "--set", "warmup.warmup_steps=2", *extra]
-
-
 def test_sft_changes_every_lora_parameter_and_no_base_weight(base_dir, tmp_path):
     """TRL-style: train briefly, then every trainable (LoRA) tensor moved and no base weight did."""
     from utils.agent.rollout import Codec
@@ -228,7 +205,7 @@ def test_lr_schedule_warms_up_then_decays_to_the_final_ratio():
 def test_sft_stage_writes_adapters_logs_and_validation(prepared):
     out, args = prepared
     assert run_stage("03_generate_sft_traces", out, *args) == 0
-    assert run_stage("04_sft_warmup", out, *args, *_sft_args()) == 0
+    assert run_stage("04_sft_warmup", out, *args, *sft_args()) == 0
     stage = out / "t" / "04_sft_warmup"
     for name in ("ckpt_sft/best/adapter_config.json", "ckpt_sft/final/adapter_model.safetensors",
                  "valid_samples/step_12.json", "logs/train.jsonl"):
@@ -252,7 +229,7 @@ def test_killed_sft_run_resumes_without_lost_or_repeated_steps(prepared, tmp_pat
     import shutil
     shutil.copytree(out / "t", out / "ref")
     cmd = [sys.executable, "04_sft_warmup.py", "--set", f"outputs_dir={out}", *args,
-           *_sft_args(["--set", "warmup.steps=30"])]
+           *sft_args(["--set", "warmup.steps=30"])]
     assert subprocess.run(cmd + ["--run_id", "ref"], cwd=ROOT, capture_output=True).returncode == 0
     reference = _losses(out / "ref" / "04_sft_warmup")
     # the interrupted run: SIGKILL once step 7 is logged (checkpoint at 6), then run again

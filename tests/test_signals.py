@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import set_args
-from test_data_stages import run_stage
+from helpers import run_stage, set_args
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset

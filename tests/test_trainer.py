@@ -8,33 +8,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from test_sft_stages import prepared  # noqa: F401 - fixture
-from helpers import REGIME_D, set_args
-from utils.tinyarith.quick import SHORT_CHAINS
-from test_data_stages import manifest, run_stage
-from utils.agent.rollout import Codec, Rollout, RolloutSpec
-from utils.core.schema import DataConfig
+from helpers import REGIME_D, make_trainer, manifest, run_stage, set_args
+from utils.agent.rollout import Codec
 from utils.core.loader import load_run_config
-from utils.data.synthetic import generate_rows
 
 MISMATCH_TOL = 1e-4  # fp32 CPU; see tests/test_engines.py for the engine agreement itself
-
-
-def _trainer(cfg, engine, adapter, tmp_path, base_dir):
-    from utils.train.grpo_trainer import GrpoTrainer
-    from utils.reward.spec import RewardSpec
-    from utils.tinyarith.quick import gold_examples
-    from utils.train.policy import load_policy
-    from utils.core.tracking import MetricsLogger
-
-    tok = AutoTokenizer.from_pretrained(base_dir)
-    codec = Codec(tok, cfg.model.templates)
-    rows = [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])], "meta": {"steps": r["steps"]}}
-            for r in generate_rows(DataConfig(n_train=40, n_val=0, n_test=0, **SHORT_CHAINS))["train"]]
-    model = load_policy(base_dir, cfg.model.lora, adapter=adapter)
-    ro = Rollout(engine, codec, RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature))
-    return GrpoTrainer(cfg, model, engine, ro, RewardSpec(), rows, gold_examples(rows, codec), tok.pad_token_id,
-                       tmp_path, MetricsLogger(tmp_path / "metrics.jsonl"), "sha")
 
 
 def _cfg(*extra):
@@ -44,7 +22,7 @@ def _cfg(*extra):
 
 
 def test_vllm_sampler_stays_on_policy_across_updates(any_vllm, protocol_adapter, tmp_path, base_dir):
-    trainer = _trainer(_cfg(), any_vllm, protocol_adapter, tmp_path, base_dir)
+    trainer = make_trainer(_cfg(), any_vllm, protocol_adapter, tmp_path, base_dir)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     history = trainer.train()
     assert len(history) == 3
@@ -64,7 +42,7 @@ def test_trainer_and_sampler_agree_at_the_sampling_temperature(vllm_engine, prot
     from utils.train.grpo import build_rl_batch
     from utils.train.policy import forward_logprobs
 
-    trainer = _trainer(_cfg("algorithm.rl.temperature=0.7", "algorithm.rl.steps=2"), vllm_engine, protocol_adapter,
+    trainer = make_trainer(_cfg("algorithm.rl.temperature=0.7", "algorithm.rl.steps=2"), vllm_engine, protocol_adapter,
                        tmp_path, base_dir)
     history = trainer.train()
     assert all(m["rollout/logprob_mismatch"] < MISMATCH_TOL for m in history), history
@@ -87,7 +65,7 @@ def test_kl_reference_is_the_frozen_sft_start(hf_engine, protocol_adapter, tmp_p
 
     from utils.train.policy import REFERENCE, add_reference
 
-    trainer = _trainer(_cfg("algorithm.rl.kl_coef=0.1", "algorithm.rl.steps=2", "algorithm.rl.lr=0.01"), hf_engine,
+    trainer = make_trainer(_cfg("algorithm.rl.kl_coef=0.1", "algorithm.rl.steps=2", "algorithm.rl.lr=0.01"), hf_engine,
                        protocol_adapter, tmp_path, base_dir)
     add_reference(trainer.model, protocol_adapter)
     reference = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if f".{REFERENCE}." in n}
@@ -106,7 +84,7 @@ def test_truncated_importance_weights_are_one_when_the_sampler_is_on_policy(vllm
                                                                          base_dir):
     """TIS on the real trainer and vLLM: in fp32 the sampler's probabilities are the trainer's, so
     every weight is 1 to within the mismatch tolerance and none is truncated."""
-    trainer = _trainer(_cfg("algorithm.rl.steps=2", "algorithm.rl.tis_cap=1.001",
+    trainer = make_trainer(_cfg("algorithm.rl.steps=2", "algorithm.rl.tis_cap=1.001",
                             "algorithm.rl.temperature=0.7"), vllm_engine, protocol_adapter, tmp_path, base_dir)
     for m in trainer.train():
         assert abs(m["actor/tis_weight_mean"] - 1.0) < MISMATCH_TOL, m
@@ -114,7 +92,7 @@ def test_truncated_importance_weights_are_one_when_the_sampler_is_on_policy(vllm
 
 
 def test_a_stale_sampler_is_detected(vllm_engine, protocol_adapter, tmp_path, base_dir, monkeypatch):
-    trainer = _trainer(_cfg("algorithm.rl.lr=0.02", "algorithm.rl.tis_cap=1.001"), vllm_engine, protocol_adapter,
+    trainer = make_trainer(_cfg("algorithm.rl.lr=0.02", "algorithm.rl.tis_cap=1.001"), vllm_engine, protocol_adapter,
                        tmp_path, base_dir)
     vllm_engine.set_adapter(protocol_adapter)
     monkeypatch.setattr(vllm_engine, "set_adapter", lambda path: None)  # the bug: updates never reach vLLM
@@ -128,7 +106,7 @@ def test_a_stale_sampler_is_detected(vllm_engine, protocol_adapter, tmp_path, ba
 def test_non_finite_loss_skips_the_step(hf_engine, protocol_adapter, tmp_path, base_dir, monkeypatch):
     import utils.train.grpo_trainer as gt
 
-    trainer = _trainer(_cfg("algorithm.rl.steps=1"), hf_engine, protocol_adapter, tmp_path, base_dir)
+    trainer = make_trainer(_cfg("algorithm.rl.steps=1"), hf_engine, protocol_adapter, tmp_path, base_dir)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     real = gt.red_grpo_loss
 
@@ -149,7 +127,7 @@ def test_non_finite_gradient_or_reward_skips_and_k_in_a_row_stop(hf_engine, prot
     import utils.train.grpo_trainer as gt
     from utils.core.stages import StageError
 
-    trainer = _trainer(_cfg("algorithm.rl.steps=5", "algorithm.rl.max_skips_in_a_row=3"), hf_engine, protocol_adapter,
+    trainer = make_trainer(_cfg("algorithm.rl.steps=5", "algorithm.rl.max_skips_in_a_row=3"), hf_engine, protocol_adapter,
                        tmp_path, base_dir)
     real_score, real_loss, step = gt.score_episodes, gt.red_grpo_loss, {"n": 0}
 
@@ -181,7 +159,7 @@ def test_non_finite_gradient_or_reward_skips_and_k_in_a_row_stop(hf_engine, prot
 def test_methods_are_configs_of_one_trainer(method, has_sft, has_rl, hf_engine, protocol_adapter, tmp_path, base_dir):
     cfg = load_run_config(algorithm=method, overrides=[REGIME_D, "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=2",
                                                        "algorithm.rl.n_samples=2", "algorithm.rl.dump_freq=0"])
-    (m,) = _trainer(cfg, hf_engine, protocol_adapter, tmp_path, base_dir).train()
+    (m,) = make_trainer(cfg, hf_engine, protocol_adapter, tmp_path, base_dir).train()
     assert ("actor/sft_loss" in m) == has_sft
     assert ("critic/rewards/mean" in m) == has_rl
     if method == "fixed_sft":
