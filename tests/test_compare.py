@@ -78,14 +78,16 @@ def test_summary_and_report_carry_the_metrics_json_numbers(tmp_path):
             "over 2 seeds (df 1), 95% CI 0.5073 to 1.0000, MDE 0.3521") in report
     assert "red vs grpo: **better**" in report  # per seed 0.30 and 0.35: t = 13.0, p 0.0489
     # the positive control, alone (grpo 10/20 vs 0/20 on both seeds): the seeds agree exactly, so the
-    # spread is the items' own (se 0.1147): t = 0.5 / (0.1147/√2) = 6.16 on 1 df, p 0.10, and Holm over
-    # a family of one leaves it at 0.10: two seeds cannot show it, and the report says what that costs
+    # spread is the items' own (se 0.1147): t = 0.5 / (0.1147/√2) = 6.16 on 1 df, p 0.102, and Holm over
+    # a family of one leaves it at 0.102: two seeds cannot show it, and the report says what that costs
     control = report.split("## The positive control: grpo vs sft_warmup")[1].split("\n## ")[0]
     assert "| r | grpo − sft_warmup | 2 | 40 | 0.5000 |" in control and "red −" not in control
     row = next(line for line in control.splitlines() if line.startswith("| r | grpo − sft_warmup"))
     assert row.split(" | ")[-3] == row.split(" | ")[-2] and row.endswith("no evidence either way |")  # p = Holm p
     assert "grpo vs sft_warmup: **no evidence either way** (grpo − sft_warmup = 0.5000 on 40 shared items over 2 seed(s)" in report
-    assert "alone, as the positive control" in report and "**the positive control did not hold**" in report
+    assert "Holm-adjusted p 0.1024, tested alone as the positive control)." in report
+    assert "Holm-adjusted p 0.0386 among the comparisons with red)." in report
+    assert "**the positive control did not hold**" in report
     # the third family: every other trained method against the warmup it started from; red alone here,
     # so its Holm p is its raw p 0.0193
     warmup = report.split("## Did training improve on its start")[1].split("\n## ")[0]

@@ -365,8 +365,8 @@ def _config_section(evals: list[Evaluation], trainings: list[Training], runs: li
     return lines
 
 
-_FAMILY_WORDS = {"control": "alone, as the positive control", "red": "among the comparisons with red",
-                 "warmup": "among the other comparisons with the warmup"}
+_FAMILY_WORDS = {"control": ", tested alone as the positive control", "red": " among the comparisons with red",
+                 "warmup": " among the other comparisons with the warmup"}  # after "Holm-adjusted p 0.01"
 
 
 def _caveats(evals: list[Evaluation], trainings: list[Training], tests: list[dict]) -> list[str]:
@@ -375,7 +375,7 @@ def _caveats(evals: list[Evaluation], trainings: list[Training], tests: list[dic
         if t["n"]:
             out.append(f"- {t['run']}: {t['a']} vs {t['b']}: **{t['verdict']}** ({t['a']} − {t['b']} = {fmt(t['diff'])} on "
                        f"{t['n']} shared items over {t['seeds']} seed(s), {t['test']}, 95% CI {fmt(t['ci95_low'])} to "
-                       f"{fmt(t['ci95_high'])}, MDE {fmt(t['mde'])}, Holm-adjusted p {_p(t.get('p_holm'))} among the "
+                       f"{fmt(t['ci95_high'])}, MDE {fmt(t['mde'])}, Holm-adjusted p {_p(t.get('p_holm'))}"
                        f"{_FAMILY_WORDS[t['family']]}).")
     for t in tests:
         if t["family"] == "control" and t["verdict"] != "better":
