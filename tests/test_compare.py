@@ -77,9 +77,8 @@ def test_summary_and_report_carry_the_metrics_json_numbers(tmp_path):
     assert ("red vs sft_warmup: **better** (red − sft_warmup = 0.8250 on 40 shared items over 2 seed(s), paired t "
             "over 2 seeds (df 1), 95% CI 0.5073 to 1.0000, MDE 0.3521") in report
     assert "red vs grpo: **better**" in report  # per seed 0.30 and 0.35: t = 13.0, p 0.0489
-    # the positive control, alone (grpo 10/20 vs 0/20 on both seeds): the seeds agree exactly, so the
-    # spread is the items' own (se 0.1147): t = 0.5 / (0.1147/√2) = 6.16 on 1 df, p 0.102, and Holm over
-    # a family of one leaves it at 0.102: two seeds cannot show it, and the report says what that costs
+    # the positive control, alone (grpo 10/20 vs 0/20 on both seeds; the items' own se 0.1147 as the seeds
+    # agree): t = 0.5 / (0.1147/√2) = 6.16 on 1 df, p 0.102 = its Holm p; the report says what that costs
     control = report.split("## The positive control: grpo vs sft_warmup")[1].split("\n## ")[0]
     assert "| r | grpo − sft_warmup | 2 | 40 | 0.5000 |" in control and "red −" not in control
     row = next(line for line in control.splitlines() if line.startswith("| r | grpo − sft_warmup"))
