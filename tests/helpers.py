@@ -127,14 +127,13 @@ def make_trainer(cfg, engine, adapter, tmp_path, base_dir):
     from utils.agent.rollout import Codec, Rollout, RolloutSpec
     from utils.core.tracking import MetricsLogger
     from utils.reward.spec import RewardSpec
-    from utils.tinyarith.quick import gold_examples
+    from utils.tinyarith.quick import gold_examples, short_chain_rows
     from utils.train.grpo_trainer import GrpoTrainer
     from utils.train.policy import load_policy
 
     tok = AutoTokenizer.from_pretrained(base_dir)
     codec = Codec(tok, cfg.model.templates)
-    rows = [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])], "meta": {"steps": r["steps"]}}
-            for r in generate_rows(DataConfig(n_train=40, n_val=0, n_test=0, **SHORT_CHAINS))["train"]]
+    rows = short_chain_rows(40)
     model = load_policy(base_dir, cfg.model.lora, adapter=adapter)
     ro = Rollout(engine, codec, RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature))
     return GrpoTrainer(cfg, model, engine, ro, RewardSpec(), rows, gold_examples(rows, codec), tok.pad_token_id,

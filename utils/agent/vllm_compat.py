@@ -1,8 +1,9 @@
 """Workarounds for the pinned vLLM (0.32.0, requirements-cpu.txt) on CPU, in one place.
 
-Each one patches around an assumption or an internal of that version, says why in its docstring,
-and has a test in tests/test_engines.py that fails if an upgrade makes it wrong or unnecessary to
-guess at:
+Each one patches around an assumption or an internal of that version and says why in its
+docstring. tests/test_engines.py checks `in_process`, `unscannable_modules` and
+`skip_logprob_token_text` against the pinned version; `keep_freed_memory` is a speed setting whose
+figures are in docs/PERFORMANCE.md.
 
 - `in_process`: an engine built in the stage's own process (`model.engine.in_process`) must not
   change that process: vLLM's CPU worker reseeds the global generators, replaces

@@ -13,6 +13,16 @@ from utils.core.stream import Cursor, take
 SHORT_CHAINS = {"min_steps": 2, "max_steps": 3}
 
 
+def short_chain_rows(n: int) -> list[dict]:
+    """n training questions of 2-3 subtasks (SHORT_CHAINS, the data config's default seed) as rows
+    with their gold decompositions, the shape 01 prepares."""
+    from utils.core.schema import DataConfig
+    from utils.data.synthetic import generate_rows
+
+    return [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])], "meta": {"steps": r["steps"]}}
+            for r in generate_rows(DataConfig(n_train=n, n_val=0, n_test=0, **SHORT_CHAINS))["train"]]
+
+
 def quick_sft(model, examples: list[Example], steps: int, lr: float, batch_size: int, seed: int, pad_id: int) -> list[float]:
     """A plain SFT loop (no checkpoints, no clipping) over the library's loss and data stream."""
     import torch
@@ -58,13 +68,11 @@ def train_gold_adapter(base_path: Path, out_dir: Path, n_rows: int = 400, steps:
     from transformers import AutoTokenizer
 
     from utils.agent.rollout import Codec
-    from utils.core.schema import DataConfig, LoraConfig, TemplatesConfig
-    from utils.data.synthetic import generate_rows
+    from utils.core.schema import LoraConfig, TemplatesConfig
     from utils.train.policy import load_policy
 
     tok = AutoTokenizer.from_pretrained(base_path)
-    rows = [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])], "meta": {"steps": r["steps"]}}
-            for r in generate_rows(DataConfig(n_train=n_rows, n_val=0, n_test=0, **SHORT_CHAINS))["train"]]
+    rows = short_chain_rows(n_rows)
     torch.manual_seed(seed)  # the LoRA init draws from torch's RNG: seed it, or the adapter depends on test order
     model = load_policy(base_path, LoraConfig(rank=8, alpha=16))
     quick_sft(model, gold_examples(rows, Codec(tok, TemplatesConfig())), steps=steps, lr=3e-3, batch_size=batch_size,
