@@ -23,7 +23,8 @@ from utils.core.config import repo_path
 from utils.core.stages import StageError, run_main, stage_dir
 from utils.eval.compare import (DEFAULT_RESAMPLES, compare_settings, find_run_dirs, load_evaluation, load_trainings, resolve_sources,
                                 source_files)
-from utils.eval.report import comparisons, plot_all, render_report, summary_csv
+from utils.eval.frames import summary_csv
+from utils.eval.report import comparisons, plot_all, render_report
 
 STAGE = "08_compare_runs"
 

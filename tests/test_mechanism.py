@@ -65,7 +65,8 @@ def test_the_report_section_and_plot(tmp_path):
     evals = [_eval("sft_warmup", 1, 0.6, 0.4, 0.7), _eval("red", 1, 0.6, 0.5, 0.7)]
     text = "\n".join(mechanism_section(evals, trainings))
     assert "### Sharpening or new capability" in text and "| study | red | 1 | 0.0000 | 0.1000 | 0.0000 | sharpening |" in text
-    assert "### RED's mechanism" in text and "| exercised |" in text and "idle: accuracy moved +0.000" in text
+    assert "### RED's mechanism" in text and "| study | 1 | 10 | 0.200 | 0.500 | 4.000 | 1.000 | 4.00 | exercised |" in text
+    assert "| study | 2 | 10 | 0.400 | 0.400 | 1.200 | 1.200 | 1.00 | idle: accuracy moved +0.000" in text
     assert mechanism_section([], []) == []
     name, fig = plot_mechanism(plt, evals, trainings, True)
     fig.savefig(tmp_path / name)

@@ -15,11 +15,13 @@ A trained method's gain over the SFT warmup (the mean over the seeds both have) 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from statistics import fmean
 
+import pandas as pd
+
 from utils.core.methods import METHODS, SFT_WARMUP
-from utils.eval.compare import curve_label, fmt, table
+from utils.eval.compare import curve_label, fmt
+from utils.eval.frames import evaluations, markdown, select
 
 ACCURACY_SHIFT = 0.2
 WEIGHT_RATIO = 2.0
@@ -57,27 +59,29 @@ def red_mechanism(trainings) -> list[dict]:
 
 
 def gain_kinds(evals) -> list[dict]:
-    """Per run and trained method evaluated with samples: mean over shared seeds of its greedy, mean@k
-    and pass@k minus the warmup's, and the kind of gain."""
-    table: dict = defaultdict(dict)
-    for e in evals:
-        k = e.metrics.get("samples")
-        if k:
-            table[(e.run, e.method)][e.seed] = (e.metrics["accuracy"], e.metrics[f"mean@{k}"], e.metrics[f"pass@{k}"])
+    """Per run and trained method evaluated with samples: the mean over the seeds it shares with its
+    run's sft_warmup of its greedy, mean@k and pass@k minus the warmup's (each method's rows joined to
+    the warmup's on run and seed), and the kind of gain."""
+    df = evaluations(evals)
+    if "samples" not in df:
+        return []
+    have = df[df["samples"].map(bool)]
+    have = pd.DataFrame({"run": have["run"], "method": have["method"], "seed": have["seed"],
+                         "greedy": have["accuracy"],
+                         "mean": [r[f"mean@{r['samples']}"] for _, r in have.iterrows()],
+                         "pass": [r[f"pass@{r['samples']}"] for _, r in have.iterrows()]})
+    warm = have[have["method"] == SFT_WARMUP].drop(columns="method")
+    joined = have[have["method"].isin(list(METHODS))].merge(warm, on=["run", "seed"], suffixes=("", "_w"))
     rows = []
-    for (run, method), by_seed in sorted(table.items()):
-        base = table.get((run, SFT_WARMUP), {})
-        seeds = sorted(set(by_seed) & set(base), key=str)
-        if method not in METHODS or not seeds:  # base and the warmup itself are no trained method
-            continue
-        d = [fmean(by_seed[s][i] - base[s][i] for s in seeds) for i in range(3)]
+    for (run, method), g in sorted(joined.groupby(["run", "method"]), key=lambda kv: kv[0]):
+        d = [fmean(g[c] - g[f"{c}_w"]) for c in ("greedy", "mean", "pass")]
         if d[1] <= 0:
             kind = "no gain on mean@k"
         elif max(d[0], d[2]) >= d[1] / 2:
             kind = "new capability"
         else:
             kind = "sharpening"
-        rows.append({"run": run, "method": method, "seeds": len(seeds), "d_greedy": d[0], "d_mean": d[1],
+        rows.append({"run": run, "method": method, "seeds": len(g), "d_greedy": d[0], "d_mean": d[1],
                      "d_pass": d[2], "kind": kind})
     return rows
 
@@ -106,6 +110,16 @@ def plot_mechanism(plt, evals, trainings, many_runs):  # noqa: ARG001 - evals: t
     return "red_mechanism.png", fig
 
 
+_GAIN_COLUMNS = {"run": "run", "method": "method", "seeds": "seeds", "d_greedy": "Δ greedy", "d_mean": "Δ mean@k",
+                 "d_pass": "Δ pass@k", "kind": "kind"}
+_MECH_COLUMNS = {"run": "run", "seed": "seed", "steps": "steps", "acc_first": "accuracy first", "acc_last": "last",
+                 "weight_first": "weight first", "weight_last": "last", "weight_ratio": "ratio", "verdict": "verdict"}
+
+
+def _3(x) -> str:
+    return fmt(x, 3)
+
+
 def mechanism_section(evals, trainings) -> list[str]:
     """The report's section: the gain kinds, then RED's mechanism check; empty if neither applies."""
     gains, mech = gain_kinds(evals), red_mechanism(trainings)
@@ -114,18 +128,14 @@ def mechanism_section(evals, trainings) -> list[str]:
         lines += ["### Sharpening or new capability", "",
                   "Each method minus the SFT warmup, mean over the seeds both have. Sharpening: mean@k up, greedy and "
                   "pass@k up by less than half as much; new capability: greedy or pass@k up by at least half of it.", "",
-                  table(["run", "method", "seeds", "Δ greedy", "Δ mean@k", "Δ pass@k", "kind"],
-                         [[g["run"], g["method"], g["seeds"], fmt(g["d_greedy"]), fmt(g["d_mean"]), fmt(g["d_pass"]),
-                           g["kind"]] for g in gains]), ""]
+                  markdown(select(pd.DataFrame(gains, dtype=object), _GAIN_COLUMNS)), ""]
     if mech:
         lines += ["### RED's mechanism", "",
                   f"First against last tenth of each red run's steps: sampled batch accuracy must move by at least "
                   f"{ACCURACY_SHIFT} and red's final SFT weight by a factor of at least {WEIGHT_RATIO:g}, or the "
                   "mechanism was idle and red could not differ from a fixed weight for its own reasons "
                   "(plots/red_mechanism.png).", "",
-                  table(["run", "seed", "steps", "accuracy first", "last", "weight first", "last", "ratio", "verdict"],
-                         [[m["run"], fmt(m["seed"]), m["steps"], fmt(m["acc_first"], 3), fmt(m["acc_last"], 3),
-                           fmt(m["weight_first"], 3), fmt(m["weight_last"], 3), fmt(m["weight_ratio"], 2), m["verdict"]]
-                          for m in mech]), ""]
+                  markdown(select(pd.DataFrame(mech, dtype=object), _MECH_COLUMNS),
+                           {"accuracy first": _3, "last": _3, "weight first": _3, "ratio": lambda x: fmt(x, 2)}), ""]
     return lines
 

@@ -6,27 +6,19 @@ ones in each evaluation's metrics.json (tests/test_compare.py checks that).
 """
 from __future__ import annotations
 
-import csv
 import io
 from collections import defaultdict
 from pathlib import Path
 
+import pandas as pd
+
 from utils.core.manifest import atomic_write_bytes, rel
 from utils.core.methods import CONTROL, METHODS, SFT_WARMUP
-from utils.eval.compare import (PHASES, SUMMARY_FIELDS, CompareError, Evaluation, Training, config_diff, fmt,
-                                curve_label, method_key, table)
+from utils.eval.compare import (PHASES, CompareError, Evaluation, Training, config_diff, fmt, curve_label, method_key,
+                                table)
+from utils.eval.frames import across_seeds, ci, evaluations, markdown, select
 from utils.eval.mechanism import mechanism_section, plot_mechanism
-from utils.eval.stats import holm, mean_ci_across_seeds, paired_test, verdict
-
-
-def summary_csv(evals: list[Evaluation]) -> str:
-    """One row per run, seed and method, with the numbers exactly as in metrics.json."""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=SUMMARY_FIELDS, lineterminator="\n")
-    writer.writeheader()
-    for e in sorted(evals, key=lambda e: (e.run, e.seed or 0, method_key(e.method))):
-        writer.writerow(e.row())
-    return buf.getvalue()
+from utils.eval.stats import holm, paired_test, verdict
 
 
 # ---------------------------------------------------------------------------------------- plots
@@ -183,8 +175,9 @@ def render_report(evals: list[Evaluation], trainings: list[Training], tests: lis
     lines = ["# RED-CoDA run comparison", "",
              f"Sources: {', '.join(rel(s) for s in sources)}. {len(evals)} evaluations in {len(runs)} run(s); "
              f"greedy Planner/Executor rollouts on each run's test split (07_evaluate).", ""]
-    lines += _accuracy_section(evals)
-    lines += _sampled_section(evals)
+    df = evaluations(evals)
+    lines += _accuracy_section(df)
+    lines += _sampled_section(df)
     lines += mechanism_section(evals, trainings)
     lines += [f"Primary metric of the paired tests: **{primary_label(evals)}**.", ""]
     lines += _paired_section(tests, resamples)
@@ -204,85 +197,82 @@ def primary_label(evals: list[Evaluation]) -> str:
     return f"mean@{e.metrics.get('samples')} at temperature {e.metrics.get('sample_temperature')}"
 
 
-def _sampled_section(evals: list[Evaluation]) -> list[str]:
+def _sampled_section(df: pd.DataFrame) -> list[str]:
     """mean@k and pass@k at the rollout temperature beside greedy, where 07 sampled (eval.samples)."""
-    have = [e for e in evals if e.metrics.get("samples")]
-    if not have:
+    have = df[df["samples"].map(bool)] if "samples" in df else df.iloc[:0]
+    if have.empty:
         return []
-    rows = []
-    for e in sorted(have, key=lambda e: (e.run, method_key(e.method), e.seed or 0)):
-        m, k = e.metrics, e.metrics["samples"]
-        lo, hi = m["mean_at_k_ci95"]
-        rows.append([e.run, fmt(e.seed), e.method, fmt(m["accuracy"]), fmt(m[f"mean@{k}"]), f"{fmt(lo)}–{fmt(hi)}",
-                     fmt(m[f"pass@{k}"]), k, m["sample_temperature"]])
+    rows = pd.DataFrame({"run": have["run"], "seed": have["seed"], "method": have["method"], "greedy": have["accuracy"],
+                         "mean@k": [r[f"mean@{r['samples']}"] for _, r in have.iterrows()],
+                         "95% CI": have["mean_at_k_ci95"].map(ci),
+                         "pass@k": [r[f"pass@{r['samples']}"] for _, r in have.iterrows()],
+                         "k": have["samples"], "temperature": have["sample_temperature"]}, dtype=object)
     return ["### Sampled at the rollout temperature", "",
             "mean@k: each item's mean answer score over k episodes sampled at the rollout temperature, averaged "
             "over items (the policy RL optimises; CI a bootstrap over items); pass@k: items with a fully correct "
             "sample. mean@k up with greedy and pass@k flat is sharpening; greedy or pass@k up as well is new "
-            "capability.", "",
-            table(["run", "seed", "method", "greedy", "mean@k", "95% CI", "pass@k", "k", "temperature"], rows), ""]
+            "capability.", "", markdown(rows, {"95% CI": str, "k": str, "temperature": str}), ""]
 
 
-def _accuracy_section(evals: list[Evaluation]) -> list[str]:
+_ACCURACY_COLUMNS = {"run": "run", "seed": "seed", "method": "method", "n": "n", "accuracy": "accuracy",
+                     "accuracy_ci95": "95% CI", "format": "format", "answered": "answered", "turns": "turns",
+                     "subtasks": "subtasks", "tokens_planner": "tokens planner", "tokens_executor": "tokens executor"}
+
+
+def _accuracy_section(df: pd.DataFrame) -> list[str]:
+    per_seed = select(df, _ACCURACY_COLUMNS)
     lines = ["## Test accuracy", "",
              "Accuracy is the mean item score under the reward spec's scorer; the CI is a bootstrap over "
-             "test items (from metrics.json).", ""]
-    rows = []
-    for e in sorted(evals, key=lambda e: (e.run, method_key(e.method), e.seed or 0)):
-        m = e.metrics
-        lo, hi = m["accuracy_ci95"]
-        rows.append([e.run, fmt(e.seed), e.method, m["n"], fmt(m["accuracy"]), f"{fmt(lo)}–{fmt(hi)}",
-                     fmt(m["format"]), fmt(m["answered"]), fmt(m["turns"], 2), fmt(m["subtasks"], 2),
-                     fmt(m["tokens_planner"], 1), fmt(m["tokens_executor"], 1)])
-    lines += [table(["run", "seed", "method", "n", "accuracy", "95% CI", "format", "answered", "turns",
-                      "subtasks", "tokens planner", "tokens executor"], rows), ""]
-
-    lines += _length_section(evals)
-    lines += _search_section(evals)
-    groups = defaultdict(list)
-    for e in evals:
-        groups[(e.run, e.method)].append(e.metrics["accuracy"])
-    if any(len(v) > 1 for v in groups.values()):
-        rows = []
-        for (run, method), accs in sorted(groups.items(), key=lambda kv: (kv[0][0], method_key(kv[0][1]))):
-            mean, lo, hi = mean_ci_across_seeds(accs)  # accuracy lives in [0, 1]: clip the t-interval
-            rows.append([run, method, len(accs), fmt(mean),
-                         f"{fmt(max(lo, 0.0))}–{fmt(min(hi, 1.0))}" if lo is not None else "—",
-                         fmt(min(accs)), fmt(max(accs))])
+             "test items (from metrics.json).", "",
+             markdown(per_seed, {"95% CI": ci, "turns": _2, "subtasks": _2, "tokens planner": _1,
+                                 "tokens executor": _1}), ""]
+    lines += _length_section(df)
+    lines += _search_section(df)
+    seeds = across_seeds(df)
+    if not seeds.empty:
         lines += ["### Across seeds", "", "Mean of the per-seed accuracies with a t-interval over seeds.", "",
-                  table(["run", "method", "seeds", "mean accuracy", "95% CI", "min", "max"], rows), ""]
+                  markdown(seeds, {"95% CI": str}), ""]
     return lines
 
 
-def _length_section(evals: list[Evaluation]) -> list[str]:
+def _1(x) -> str:
+    return fmt(x, 1)
+
+
+def _2(x) -> str:
+    return fmt(x, 2)
+
+
+def _length_section(df: pd.DataFrame) -> list[str]:
     """Accuracy by the gold decomposition's length, when the task has one: recall of the demonstrated
     chain lengths and extension to longer ones read apart."""
-    have = [e for e in evals if e.metrics.get("accuracy_by_gold_subtasks")]
-    if not have:
+    have = df[df["accuracy_by_gold_subtasks"].map(bool)] if "accuracy_by_gold_subtasks" in df else df.iloc[:0]
+    if have.empty:
         return []
-    lengths = sorted({k for e in have for k in e.metrics["accuracy_by_gold_subtasks"]}, key=int)
-    rows = [[e.run, fmt(e.seed), e.method] + [fmt(e.metrics["accuracy_by_gold_subtasks"].get(k)) for k in lengths]
-            for e in sorted(have, key=lambda e: (e.run, method_key(e.method), e.seed or 0))]
+    by_length = pd.DataFrame(have["accuracy_by_gold_subtasks"].tolist(), index=have.index, dtype=object)
+    by_length = by_length[sorted(by_length.columns, key=int)]
+    by_length = by_length.where(by_length.notna(), None).rename(columns=lambda k: f"{k} subtasks")
     return ["### By gold decomposition length", "",
             "Accuracy on the test items whose gold decomposition has that many subtasks (metrics.json "
             "`accuracy_by_gold_subtasks`).", "",
-            table(["run", "seed", "method"] + [f"{k} subtasks" for k in lengths], rows), ""]
+            markdown(pd.concat([have[["run", "seed", "method"]], by_length], axis=1)), ""]
 
 
-def _search_section(evals: list[Evaluation]) -> list[str]:
+_SEARCH_COLUMNS = {"run": "run", "seed": "seed", "method": "method", "searches_per_subtask": "searches / subtask",
+                   "retrieval_hit_rate": "retrieval hit rate", "accuracy_hit": "accuracy (hit)",
+                   "accuracy_miss": "accuracy (miss)"}
+
+
+def _search_section(df: pd.DataFrame) -> list[str]:
     """The search tool's figures, when the evaluations used it (metrics.json from 07)."""
-    have = [e for e in evals if "searches_per_subtask" in e.metrics]
-    if not have:
+    have = df[df["searches_per_subtask"].map(lambda v: v is not None)] if "searches_per_subtask" in df else df.iloc[:0]
+    if have.empty:
         return []
-    rows = [[e.run, fmt(e.seed), e.method, fmt(e.metrics["searches_per_subtask"], 2),
-             fmt(e.metrics.get("retrieval_hit_rate")), fmt(e.metrics.get("accuracy_hit")),
-             fmt(e.metrics.get("accuracy_miss"))]
-            for e in sorted(have, key=lambda e: (e.run, method_key(e.method), e.seed or 0))]
     return ["### Search", "",
             "Searches per subtask; retrieval hit: every gold fact of the item was among some search's top-k "
             "passages; accuracy on the items where retrieval hit and where it missed (— where there were none).",
-            "", table(["run", "seed", "method", "searches / subtask", "retrieval hit rate", "accuracy (hit)",
-                        "accuracy (miss)"], rows), ""]
+            "", markdown(select(have, _SEARCH_COLUMNS),
+                         {"searches / subtask": _2}), ""]
 
 
 def _p(p: float | None) -> str:
