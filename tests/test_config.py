@@ -188,6 +188,27 @@ def test_every_method_config_is_consistent_and_implies_itself():
         assert alg.method == name and contradictions(alg) == [] and implied_method(alg) == name
 
 
+def test_a_methods_flags_and_trainer_come_from_its_config_file(tmp_path, monkeypatch):
+    """The registry restates no flag: it reads configs/algorithms/<name>.yaml, and the trainer
+    follows from whether the method has an SFT term."""
+    from utils.core import config, methods
+
+    for m in methods.METHODS.values():
+        alg = load_run_config(algorithm=m.name).algorithm
+        assert m.trainer == (methods.SFT_TRAINER if alg.sft.enabled else methods.RL_TRAINER)
+    fixed = load_run_config(algorithm="fixed_sft").algorithm
+    algorithms = tmp_path / "algorithms"
+    algorithms.mkdir()
+    (algorithms / "grpo.yaml").write_text("method: grpo\nrl: {enabled: true}\nsft: {enabled: true}\nred: {G: 1.0}\n")
+    monkeypatch.setattr(config, "CONFIG_DIR", tmp_path)
+    methods.method_flags.cache_clear()
+    try:
+        assert methods.METHODS["grpo"].trainer == methods.SFT_TRAINER  # an SFT term: 05 trains it
+        assert methods.contradictions_with(fixed, methods.METHODS["grpo"]) == []  # fixed_sft's flags, now grpo's
+    finally:
+        methods.method_flags.cache_clear()
+
+
 def test_a_tier_run_section_sets_run_level_defaults_below_the_run_yaml_and_overrides(tmp_path):
     data = tmp_path / "d.yaml"
     data.write_text("name: synthetic_arith\nrun:\n  traces:\n    max_subtasks: 2\n    long_traces: 7\n"

@@ -1,11 +1,15 @@
-"""The method registry: every training method's one name, the stage that trains it, and the flags
-that define it (docs/ARCHITECTURE.md, "Methods").
+"""The method registry: every training method's one name, what it is beyond its config, and the
+flags that say which method a config is (docs/ARCHITECTURE.md, "Methods").
 
-A method is a config, not a copy of the trainer: `configs/algorithms/<name>.yaml` sets the flags,
-and the same trainer runs them all. Which script trains it says what kind it is: 05 trains every
-method with an SFT term (red, fixed_sft, matched_sft, and sft, which has nothing else), 06 every
-pure-RL method (grpo, rloo, gspo, red_paper); each refuses the other's methods. The name is the single spelling used everywhere: the config
-file, the trainer's output folder (`05_train_red_grpo/<name>/` or `06_ablate_grpo_only/<name>/`), the evaluation folder
+A method is a config, not a copy of the trainer, and each of its facts is written once:
+- its flags and hyperparameters in `configs/algorithms/<name>.yaml` (`method_flags` reads the flags
+  from there; nothing else restates them);
+- its summary, the methods it needs first and whether the study runs it, in `METHODS` below;
+- its trainer follows from its flags: 05 trains every method with an SFT term (red, fixed_sft,
+  matched_sft, and sft, which has nothing else), 06 every pure-RL method (grpo, rloo, gspo,
+  red_paper); each refuses the other's methods.
+The name is the single spelling used everywhere: the config file, the trainer's output folder
+(`05_train_red_grpo/<name>/` or `06_ablate_grpo_only/<name>/`), the evaluation folder
 (`07_evaluate/<name>/`) and the report's rows. Two evaluated checkpoints are not methods: `base`
 (the bare base model) and `sft_warmup` (04's adapter, the start of every method).
 
@@ -28,39 +32,44 @@ fixed_sft mixes "dynamic" with "more SFT"; red vs matched_sft isolates the dynam
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+
+
+SFT_TRAINER = "05_train_red_grpo"  # every method with an SFT term
+RL_TRAINER = "06_ablate_grpo_only"  # every pure-RL method
+TRAINERS = (SFT_TRAINER, RL_TRAINER)
 
 
 @dataclass(frozen=True)
 class Method:
+    """What a method is beyond its config: its config file configs/algorithms/<name>.yaml holds its
+    flags and hyperparameters (read by `flags`), and its trainer follows from them."""
     name: str
-    trainer: str  # the numbered script that trains it
-    rl: bool  # algorithm.rl.enabled
-    sft: bool  # algorithm.sft.enabled
-    dynamic: bool | None  # RED weighting on (algorithm.red.G > 1) or off (G == 1); None: no SFT term in RL
     summary: str
-    matched: bool = False  # algorithm.sft.match_red: the constant weight is red's mean weight (same seed)
     needs: tuple[str, ...] = ()  # methods whose outputs this one reads (the driver runs them first)
-    policy_loss: str = "ppo_clip"  # algorithm.rl.policy_loss
-    loo: bool = False  # algorithm.rl.adv_scaling is "rloo" (leave-one-out baseline) for this method only
     in_study: bool = True  # one of the RED study's arms: run by `09_driver.py --method all`
-    offline: bool = False  # algorithm.red_paper.offline: expert traces enter the groups (red_paper)
+
+    @property
+    def flags(self) -> dict:
+        return method_flags(self.name)
+
+    @property
+    def trainer(self) -> str:
+        """The numbered script that trains it: 05 if it has an SFT term, else 06."""
+        return SFT_TRAINER if self.flags["sft"] else RL_TRAINER
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("red", "05_train_red_grpo", True, True, True, "GRPO + SFT term weighted by RED (G > 1)"),
-    Method("grpo", "06_ablate_grpo_only", True, False, None, "GRPO, no SFT term"),
-    Method("fixed_sft", "05_train_red_grpo", True, True, False, "GRPO + constant-weight SFT term (G = 1)"),
-    Method("matched_sft", "05_train_red_grpo", True, True, False,
-           "GRPO + constant SFT weight equal to red's mean weight in the same seed's run (G = 1)",
-           matched=True, needs=("red",)),
-    Method("sft", "05_train_red_grpo", False, True, None, "the SFT term alone, no rollouts"),
-    Method("rloo", "06_ablate_grpo_only", True, False, None, "GRPO with RLOO's leave-one-out advantage, no SFT term",
-           loo=True, in_study=False),
-    Method("gspo", "06_ablate_grpo_only", True, False, None, "GSPO: one clipped ratio per sequence, no SFT term",
-           policy_loss="gspo", in_study=False),
-    Method("red_paper", "06_ablate_grpo_only", True, False, None,
-           "RED as its paper's code has it: expert traces inside the GRPO groups, accuracy-aware ratio, "
-           "entropy-change weight on their advantages; no SFT term, no KL", offline=True, in_study=False),
+    Method("red", "GRPO + SFT term weighted by RED (G > 1)"),
+    Method("grpo", "GRPO, no SFT term"),
+    Method("fixed_sft", "GRPO + constant-weight SFT term (G = 1)"),
+    Method("matched_sft", "GRPO + constant SFT weight equal to red's mean weight in the same seed's run (G = 1)",
+           needs=("red",)),
+    Method("sft", "the SFT term alone, no rollouts"),
+    Method("rloo", "GRPO with RLOO's leave-one-out advantage, no SFT term", in_study=False),
+    Method("gspo", "GSPO: one clipped ratio per sequence, no SFT term", in_study=False),
+    Method("red_paper", "RED as its paper's code has it: expert traces inside the GRPO groups, accuracy-aware "
+                        "ratio, entropy-change weight on their advantages; no SFT term, no KL", in_study=False),
 )}
 STUDY = tuple(m.name for m in METHODS.values() if m.in_study)  # `09_driver.py --method all`
 BASE = "base"  # the bare base model, evaluated by 07
@@ -71,6 +80,32 @@ CONTROL = "grpo"
 CHECKPOINTS = (*METHODS, SFT_WARMUP, BASE)  # what 07 --checkpoint accepts by name, in report order
 
 
+def defining_flags(alg) -> dict:
+    """The settings of an AlgorithmConfig that say which method it is, as (setting, value) by flag:
+    rl and sft on or off, RED weighting on (G > 1) or off (G = 1) where RL has an SFT term, the
+    matched weight, the policy loss, red_paper's offline traces, and RLOO's advantage."""
+    both = alg.rl.enabled and alg.sft.enabled
+    return {"rl": ("algorithm.rl.enabled", alg.rl.enabled), "sft": ("algorithm.sft.enabled", alg.sft.enabled),
+            "dynamic": ("algorithm.red.G", alg.red.G > 1 if both else None),
+            "matched": ("algorithm.sft.match_red", alg.sft.match_red),
+            "policy_loss": ("algorithm.rl.policy_loss", alg.rl.policy_loss),
+            "offline": ("algorithm.red_paper.offline", alg.red_paper.offline),
+            "loo": ("algorithm.rl.adv_scaling", alg.rl.adv_scaling == "rloo")}
+
+
+@cache
+def method_flags(name: str) -> dict:
+    """flag -> value of method `name`, read from configs/algorithms/<name>.yaml over the schema's
+    defaults: the one place a method's flags are written."""
+    from utils.core.config import from_dict, read_yaml, tier_path
+    from utils.core.schema import AlgorithmConfig  # the schema imports this registry for its choices
+
+    path = tier_path("algorithms", name)
+    body = read_yaml(path)
+    body.pop("run", None)
+    return {k: v for k, (_, v) in defining_flags(from_dict(AlgorithmConfig, body, str(path))).items()}
+
+
 def contradictions(alg) -> list[str]:
     """What in an AlgorithmConfig contradicts its `method` label (empty: consistent)."""
     m = METHODS.get(alg.method)
@@ -79,33 +114,29 @@ def contradictions(alg) -> list[str]:
     return contradictions_with(alg, m)
 
 
+def _shown(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def contradictions_with(alg, m: Method) -> list[str]:
     """What in an AlgorithmConfig's flags contradicts method `m`'s (empty: the flags are m's)."""
     out = []
-    if alg.rl.enabled != m.rl:
-        out.append(f"algorithm.rl.enabled={str(alg.rl.enabled).lower()} (method '{m.name}' has it "
-                   f"{str(m.rl).lower()})")
-    if alg.sft.enabled != m.sft:
-        out.append(f"algorithm.sft.enabled={str(alg.sft.enabled).lower()} (method '{m.name}' has it "
-                   f"{str(m.sft).lower()})")
-    if m.dynamic is True and alg.red.G <= 1:
-        out.append(f"algorithm.red.G={alg.red.G} (method 'red' needs G > 1; G = 1 is fixed_sft)")
-    if m.dynamic is False and alg.red.G != 1:
-        out.append(f"algorithm.red.G={alg.red.G} (method '{m.name}' needs G = 1; G > 1 is red)")
-    if alg.sft.match_red != m.matched:
-        out.append(f"algorithm.sft.match_red={str(alg.sft.match_red).lower()} (method '{m.name}' has it "
-                   f"{str(m.matched).lower()})")
-    if alg.rl.policy_loss != m.policy_loss:
-        out.append(f"algorithm.rl.policy_loss={alg.rl.policy_loss} (method '{m.name}' has {m.policy_loss})")
-    if alg.red_paper.offline != m.offline:
-        out.append(f"algorithm.red_paper.offline={str(alg.red_paper.offline).lower()} (method '{m.name}' has it "
-                   f"{str(m.offline).lower()})")
-    if m.offline and alg.rl.tis_cap > 0:
+    for flag, (key, value) in defining_flags(alg).items():
+        want = m.flags[flag]
+        if flag == "dynamic":  # only where both have RL with an SFT term (else rl or sft disagrees)
+            if None not in (want, value) and value != want:
+                out.append(f"{key}={alg.red.G} (method '{m.name}' needs " +
+                           ("G > 1; G = 1 is fixed_sft)" if want else "G = 1; G > 1 is red)"))
+        elif flag == "loo" and value != want:
+            out.append(f"{key}={alg.rl.adv_scaling} (method '{m.name}' has "
+                       f"{'rloo' if want else 'group, batch or none'})")
+        elif flag == "policy_loss" and value != want:
+            out.append(f"{key}={value} (method '{m.name}' has {want})")
+        elif value != want:
+            out.append(f"{key}={_shown(value)} (method '{m.name}' has it {_shown(want)})")
+    if m.flags["offline"] and alg.rl.tis_cap > 0:
         out.append(f"algorithm.rl.tis_cap={alg.rl.tis_cap} (method '{m.name}' trains expert tokens, which have no "
                    f"sampler probabilities to weight; set it to 0)")
-    if (alg.rl.adv_scaling == "rloo") != m.loo:
-        want = "rloo" if m.loo else "group, batch or none"
-        out.append(f"algorithm.rl.adv_scaling={alg.rl.adv_scaling} (method '{m.name}' has {want})")
     return out
 
 

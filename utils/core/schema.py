@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from utils.core.choices import (DTYPES, ENGINE_NAMES, LORA_SERVING, LOSS_AGGS, ADV_SCALINGS, POLICY_LOSS_NAMES,
                                 SCORER_NAMES, ADAPTER_NAMES, RETRIEVER_NAMES, TRAIN_ROLES, INDEPENDENCE_REFS,
                                 OFFLINE_SHIFTS, THINKING_MODES, LEAKAGE_POLICIES, PRIMARY_METRICS)
-from utils.core.config import field
-from utils.core.methods import METHODS
+from utils.core.config import CONFIG_DIR, field
+
+# a method is its config file (utils/core/methods.py): the names are the files' stems, not a copy
+METHOD_NAMES = tuple(sorted(p.stem for p in (CONFIG_DIR / "algorithms").glob("*.yaml")))
 
 
 @dataclass
@@ -179,7 +181,7 @@ class RedPaperConfig:
 
 @dataclass
 class AlgorithmConfig:
-    method: str = field("red", "The method's name; its flags below must agree with it.", tuple(METHODS))
+    method: str = field("red", "The method's name; its flags below must agree with it.", METHOD_NAMES)
     rl: RlConfig = field(RlConfig(), "GRPO settings.")
     sft: SftConfig = field(SftConfig(), "SFT co-training settings.")
     red: RedConfig = field(RedConfig(), "RED weighting settings.")

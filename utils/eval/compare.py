@@ -19,12 +19,11 @@ from pathlib import Path
 
 from utils.core.io import DataError, read_records
 from utils.core.manifest import MANIFEST_NAME, read_manifest, rel
-from utils.core.methods import CHECKPOINTS, METHODS
+from utils.core.methods import CHECKPOINTS, TRAINERS
 from utils.core.schema import RunConfig
 from utils.core.config import repo_path
 from utils.core.stages import StageError, run_dir
 
-TRAINER_DIRS = tuple(sorted({m.trainer for m in METHODS.values()}))
 DEFAULT_RESAMPLES = 10000  # paired-bootstrap resamples of 08's report
 SUMMARY_FIELDS = ("run", "seed", "method", "checkpoint", "n", "accuracy", "ci95_low", "ci95_high", "format",
                   "answered", "reward", "turns", "subtasks", "tokens_planner", "tokens_executor", "source")
@@ -147,7 +146,7 @@ def load_trainings(run_dirs: list[Path], outputs: Path) -> list[Training]:
     out = []
     for d in run_dirs:
         run, seed = run_label(d, outputs)
-        for trainer in TRAINER_DIRS:
+        for trainer in TRAINERS:
             for m in sorted((d / trainer).glob("*/metrics.jsonl")):
                 manifest = read_manifest(m.parent) if (m.parent / MANIFEST_NAME).is_file() else {}
                 history = [r for _, r in _read_jsonl(m, allow_empty=True)]

@@ -129,7 +129,7 @@ def run_rl_stage(stage: str, description: str, argv: list[str], default_algorith
     cfg, _ = parse_stage_args(description, argv)
     method = cfg.algorithm.method
     if METHODS[method].trainer != stage:
-        kind = "a method with an SFT term" if METHODS[method].sft else "a pure-RL method"
+        kind = "a method with an SFT term" if METHODS[method].flags["sft"] else "a pure-RL method"
         raise StageError(f"{stage}: {method} is {kind}, trained by {METHODS[method].trainer}.py (05 trains the "
                          "methods with an SFT term, 06 the pure-RL ones); run that script, or 09_driver.py "
                          f"--method {method}")
