@@ -261,3 +261,21 @@ def test_the_positive_control_is_tested_alone_whatever_else_ran():
     assert control_crowded["p_holm"] == control["p_holm"] and control_crowded["verdict"] == "better"
     assert [t["a"] for t in crowded if t["family"] == "warmup"] == ["red", "fixed_sft", "matched_sft", "sft"]
     assert not [t for t in alone if t["family"] == "warmup"]  # grpo is not also in the warmup family
+
+
+def test_a_trainings_method_is_read_from_its_manifest_not_its_folder(tmp_path):
+    """A trainer folder copied under another name still reports as the method its manifest's config
+    names; without a manifest (a run killed before writing one) the folder's name stands."""
+    import json
+
+    from utils.eval.compare import load_trainings
+
+    run = tmp_path / "outputs" / "r"
+    for folder, manifest in (("red_copy", {"config": {"algorithm": {"method": "red"}}, "seed": 3}), ("grpo", None)):
+        d = run / "05_train_red_grpo" / folder
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text('{"step": 1, "train/accuracy": 0.5}\n')
+        if manifest:
+            (d / "manifest.json").write_text(json.dumps(manifest))
+    got = {(t.method, t.seed, t.directory.name) for t in load_trainings([run], tmp_path / "outputs")}
+    assert got == {("red", 3, "red_copy"), ("grpo", None, "grpo")}

@@ -5,8 +5,9 @@ scores (samples/predictions.jsonl) and its manifest. Evaluations are grouped by 
 directory, with a trailing `seed_<s>` folded into the seed) and *method*. The trainer's
 metrics.jsonl of each method gives the training curves.
 
-Methods are named by the registry (utils/core/methods.py): an evaluation's method is its
-checkpoint name. The paired bootstrap (utils/eval/stats.py) pairs test items keyed by seed and
+Methods are named by the registry (utils/core/methods.py) and read from what the stages recorded:
+an evaluation's method is the checkpoint its metrics.json names, a training's the method its
+manifest's config names (the folder's name only where a killed run left no manifest). The paired bootstrap (utils/eval/stats.py) pairs test items keyed by seed and
 item id, so seeds pair with themselves.
 """
 from __future__ import annotations
@@ -150,7 +151,8 @@ def load_trainings(run_dirs: list[Path], outputs: Path) -> list[Training]:
             for m in sorted((d / trainer).glob("*/metrics.jsonl")):
                 manifest = read_manifest(m.parent) if (m.parent / MANIFEST_NAME).is_file() else {}
                 history = [r for _, r in _read_jsonl(m, allow_empty=True)]
-                out.append(Training(run, manifest.get("seed", seed), m.parent.name, m.parent, history, manifest))
+                method = manifest.get("config", {}).get("algorithm", {}).get("method") or m.parent.name
+                out.append(Training(run, manifest.get("seed", seed), method, m.parent, history, manifest))
     return out
 
 
