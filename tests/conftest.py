@@ -150,7 +150,24 @@ def pytest_xdist_make_scheduler(config, log):
     return VllmGroupScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
-def pytest_collection_modifyitems(items):
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true",
+                     help="the full suite, as CI runs it: the fast tier and the minutes-long tests marked slow "
+                          "(without it, and without -m, plain pytest runs the fast tier)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The fast tier unless --full or -m says otherwise: tests marked `slow` are deselected. Then the
+    run's order (below)."""
+    if not config.getoption("--full") and not config.getoption("markexpr"):
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
+    _order(items)
+
+
+def _order(items):
     """The order in which the units above are handed out (pytest.ini turns xdist's own, by number
     of tests, off): the vLLM unit first (it took one worker for 23–27 minutes on the AVX2 box),
     then the files made mostly of minutes-long (`slow`) tests, then the others, more tests first.

@@ -30,14 +30,12 @@ from utils.agent.rollout import Rollout
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
 from utils.core.stages import StageError
 from utils.core.stream import Cursor, take
-from utils.reward.scorers import is_correct
-from utils.reward.spec import score_answer, score_episodes
+from utils.reward.spec import score_episodes
 from utils.train.guard import SkipStreak, guarded_step, zero_loss
 from utils.train.grpo import batch_accuracy, build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
-from utils.reward.process import verifier_rewards
-from utils.train.losses import process_advantages
 from utils.train.policy import forward_logprobs, policy_device, reference_logprobs, sft_batch, sft_terms
 from utils.train.red import RedState, red_update
+from utils.train.variants import StepData, active_variants
 from utils.train.world import SOLO, World
 
 
@@ -74,6 +72,11 @@ class GrpoTrainer:
         self.last_rollout: tuple[list[dict], list] | None = None
         self.ckpt_dir = out_dir / "ckpt"
         self.policy_dir = out_dir / ("policy" if world.main else f"policy_rank{world.rank}")  # one per engine
+
+    def variants(self) -> list:
+        """The step's active variants (utils/train/variants.py), from the config, red_paper's expert
+        traces (`offline`) and the judge (`prm`) as they are now."""
+        return active_variants(self.alg, self.spec, self.offline, self.prm)
 
     # ------------------------------------------------------------ checkpoints
     def save(self) -> Path:
@@ -192,8 +195,6 @@ class GrpoTrainer:
                 break
             stats["actor/grad_norm"] = grad
         stats = self.world.mean(stats)  # the whole step's: every rank's RED state follows the same values
-        if "red_paper/h_sft" in stats and not skipped:
-            self.state.red_paper = {"h_sft": stats["red_paper/h_sft"], "h_rl": stats["red_paper/h_rl"]}
         if sft is not None and "actor/sft_entropy" in stats and not skipped:
             red = red_update(red, stats["actor/sft_entropy"], stats["actor/rl_entropy"],
                              self.alg.red.sft_entropy_ema_decay, self.alg.red.rl_entropy_ema_decay)
@@ -206,35 +207,35 @@ class GrpoTrainer:
             return self.sft_only_step()
         t0 = time.time()
         first, rows = self.world.block(take(self.rows, rl.questions_per_step, f"{seed}/q", self.state.questions))
-        rows, episodes, scored, sampling = self._rollouts(rows, first * rl.n_samples)
+        variants = self.variants()
+        rows, episodes, scored, sampling = self._rollouts(rows, first * rl.n_samples, variants)
         self.last_rollout = (rows, episodes)  # what benchmarks/step_profile.py replays
         timings["time/rollout"] = time.time() - t0
         t0 = time.time()
         rewards = [s["reward"] for s in scored]
         everyone = self.world.concat(scored)  # the whole step's episodes, every rank's
         accuracy = sampling.pop("accuracy", None) if sampling else batch_accuracy(everyone)
-        group_rewards, experts = self._insert_offline(rows, scored, rewards) if self.offline else (rewards, [])
-        adv = group_advantages(group_rewards, rl.n_samples, rl.adv_scaling)
-        if not all(math.isfinite(r) for r in group_rewards):
+        data = StepData(rows, episodes, scored, list(rewards))
+        for v in variants:
+            v.regroup(data)
+        adv = group_advantages(data.rewards, rl.n_samples, rl.adv_scaling)
+        if not all(math.isfinite(r) for r in data.rewards):
             adv = adv * float("nan")  # a broken reward poisons the loss: the step is skipped, never guessed
         timings["time/scoring"] = time.time() - t0
         t0 = time.time()
-        replaced = {i for i, _, _ in experts}
-        kept = [i for i in range(len(episodes)) if i not in replaced]
-        offline = [(ex, adv[i].item(), acc) for i, sample, acc in experts for ex in sample.examples]
-        bonus, process_stats = self._process_bonus(rows, episodes) if self.spec.process.source != "none" else (None, {})
-        batch = build_rl_batch([episodes[i] for i in kept], adv[kept], self.pad_id, rl.train_roles, offline,
-                               [bonus[i] for i in kept] if bonus is not None else None)
+        for v in variants:
+            v.extend(data, adv)
+        kept = [i for i in range(len(episodes)) if i not in data.replaced]
+        batch = build_rl_batch([episodes[i] for i in kept], adv[kept], self.pad_id, rl.train_roles, data.extra,
+                               [data.bonus[i] for i in kept] if data.bonus is not None else None)
         batch = batch.to(self.device) if batch is not None else None
         old_lp, ref_lp = self._fixed_logprobs(batch)
         timings["time/logprobs"] = time.time() - t0
         t0 = time.time()
         stats, skipped = self._update(batch, old_lp, accuracy, ref_lp)
-        stats.update(self.world.mean(process_stats))
-        expert_accuracy = self.world.concat([a for _, _, a in experts]) if self.offline else []
-        if expert_accuracy:
-            stats.update({"red_paper/offline_groups": len(expert_accuracy),
-                          "red_paper/group_accuracy": sum(expert_accuracy) / len(expert_accuracy)})
+        for v in variants:
+            v.after_update(stats, skipped, self.state)
+            stats.update(v.metrics(data, self.world))
         mismatch = stats.pop("rollout/logprob_mismatch", 0.0)
         timings["time/update"] = time.time() - t0
         self.state.step += 1
@@ -246,13 +247,13 @@ class GrpoTrainer:
         return _step_metrics(self.state.step, everyone, [s["reward"] for s in everyone], accuracy, rl.n_samples,
                              skipped, float(mismatch), {**stats, **sampling, **timings})
 
-    def _rollouts(self, rows: list[dict], first: int) -> tuple[list[dict], list, list[dict], dict]:
+    def _rollouts(self, rows: list[dict], first: int, variants=()) -> tuple[list[dict], list, list[dict], dict]:
         """Roll out and score `rows` (n samples each; `first` the first episode's index). With dynamic
         sampling (algorithm.rl.dynamic_sampling = R > 0, DAPO), a group whose answer scores are all
         equal has zero advantage and is dropped; the batch is refilled from the stream's next
         questions, at most R extra rounds, and the first questions_per_step groups with a signal are
-        kept. With red_paper experts, a group's scores are those after its expert replaces its last
-        rollout. RED's accuracy is then over every episode sampled this step (a filtered batch has
+        kept. A group's scores are those its variants' `answers` give (red_paper's expert replaces its
+        last rollout's). RED's accuracy is then over every episode sampled this step (a filtered batch has
         lost its all-right groups). No group with a signal after R extra rounds stops the run."""
         rl, n, seed, step = self.alg.rl, self.alg.rl.n_samples, self.cfg.seed, self.state.step
         episodes = self.rollout.run(rows, n=n, seed=seed, step=step, first=first)
@@ -266,8 +267,8 @@ class GrpoTrainer:
             for g, row in enumerate(rows):
                 group = slice(g * n, (g + 1) * n)
                 answers = [s["answer"] for s in scored[group]]
-                if row["id"] in self.offline:  # red_paper: the expert takes the last rollout's place
-                    answers[-1] = self._expert_score(row)[1]["answer"]
+                for v in variants:
+                    answers = v.answers(row, answers)
                 if len(set(answers)) > 1:
                     kept.append((row, episodes[group], scored[group]))
                 else:
@@ -288,53 +289,11 @@ class GrpoTrainer:
                 {"accuracy": batch_accuracy(seen), "train/dropped_groups": dropped, "train/sampling_rounds": rounds + 1,
                  "train/kept_groups": len(kept)})
 
-    def _insert_offline(self, rows: list[dict], scored: list[dict], rewards: list[float]) -> tuple[list, list]:
-        """red_paper: each question with an expert trace has it in place of its group's last rollout,
-        scored like a rollout (format 1: gold traces are well-formed by construction, tests/
-        test_red_paper.py). Returns (the groups' rewards, [(replaced index, OfflineSample, the
-        group's accuracy with the expert)])."""
-        n, group_rewards, experts = self.alg.rl.n_samples, list(rewards), []
-        for g, row in enumerate(rows):
-            sample = self.offline.get(row["id"])
-            if sample is None:
-                continue
-            i = g * n + n - 1
-            reward, comps = self._expert_score(row)
-            group_rewards[i] = reward
-            answers = [s["answer"] for s in scored[g * n:i]] + [comps["answer"]]
-            experts.append((i, sample, sum(map(is_correct, answers)) / n))
-        return group_rewards, experts
-
-    def _expert_score(self, row: dict) -> tuple[float, dict]:
-        """red_paper: the reward and components of `row`'s expert trace, scored like a rollout."""
-        sample = self.offline[row["id"]]
-        return score_answer(self.spec, row["question"], sample.answer, row["answers"], 1.0, sample.n_tokens,
-                            sample.subtasks)
-
-    def _process_bonus(self, rows: list[dict], episodes: list) -> tuple[list[list[float]], dict]:
-        """Per episode and planner turn, process_weight × the discounted, group-normalised step rewards
-        (utils/train/losses.py process_advantages) of the verifier or the judge, and their stats."""
-        rl, n = self.alg.rl, self.alg.rl.n_samples
-        if self.spec.process.source == "verifier":
-            steps = [verifier_rewards(ep, rows[i // n]) for i, ep in enumerate(episodes)]
-        else:
-            if self.prm is None:
-                raise RuntimeError("reward.process.source judge: no judge engine (build_trainer starts one)")
-            before = self.prm.unparsed
-            steps = self.prm(episodes)
-        bonus = [[rl.process_weight * b for b in ep] for ep in process_advantages(steps, n, rl.process_gamma)]
-        scored = [r for ep in steps for r in ep if r is not None]
-        stats = {"process/step_reward_mean": sum(scored) / len(scored) if scored else 0.0,
-                 "process/steps_per_episode": len(scored) / max(len(episodes), 1)}
-        if self.prm is not None and self.spec.process.source == "judge":
-            stats["process/judge_unparsed"] = (self.prm.unparsed - before) / max(len(scored), 1)
-        return bonus, stats
-
     def close(self) -> None:
         """Shut the sampling engine and, with a judge PRM, the judge's."""
         self.engine.close()
-        if self.prm is not None:
-            self.prm.engine.close()
+        for v in self.variants():
+            v.close()
 
     def train(self, progress=None) -> list[dict]:
         history = []
