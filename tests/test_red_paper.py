@@ -183,3 +183,21 @@ def test_the_trainer_puts_experts_in_their_groups(hf_engine, protocol_adapter, t
     after = dict(trainer.model.named_parameters())
     assert any(not torch.equal(before[n], after[n]) for n in before)
     assert math.isfinite(second["actor/pg_loss"])
+
+
+def test_a_config_turns_on_exactly_its_trainer_variants():
+    """Plain GRPO steps with no plug-in; red_paper's expert traces and process rewards each add theirs,
+    experts first (their rewards must be in place before the process bonus is read)."""
+    from utils.core.schema import ProcessRewardConfig
+    from utils.reward.spec import RewardSpec
+    from utils.train.variants import ExpertTraces, ProcessRewards, StepData, active_variants
+
+    alg = load_run_config(algorithm="red_paper").algorithm
+    assert active_variants(alg, RewardSpec(), {}) == []
+    both = active_variants(alg, RewardSpec(process=ProcessRewardConfig(source="verifier")), {"q1": object()})
+    assert [type(v) for v in both] == [ExpertTraces, ProcessRewards]
+    # a question without an expert keeps its own answers and rewards
+    experts = both[0]
+    data = StepData([{"id": "q2"}], [], [{"answer": 0.0}] * 4, [0.0] * 4)
+    experts.regroup(data)
+    assert data.rewards == [0.0] * 4 and data.replaced == set() and experts.answers({"id": "q2"}, [1.0, 0.0]) == [1.0, 0.0]
