@@ -156,18 +156,28 @@ def pytest_addoption(parser):
                           "(without it, and without -m, plain pytest runs the fast tier)")
 
 
+# a test that asks for one of these is in the full tier: each starts a vLLM engine or trains an adapter
+FULL_TIER_FIXTURES = {"vllm_engine", "vllm_merged", "any_vllm", "protocol_adapter"}
+
+
+def full_tier_only(item) -> bool:
+    """Whether a test runs only in the full tier: marked `slow` (minutes-long), or asking for a
+    session vLLM engine or the trained protocol adapter."""
+    return item.get_closest_marker("slow") is not None or bool(FULL_TIER_FIXTURES & set(item.fixturenames))
+
+
 def pytest_collection_modifyitems(config, items):
-    """The fast tier unless --full or -m says otherwise: tests marked `slow` are deselected. Then the
-    run's order (below)."""
+    """The fast tier unless --full or -m says otherwise: the full tier's own tests are deselected.
+    Then the run's order (below)."""
     if not config.getoption("--full") and not config.getoption("markexpr"):
-        slow = [item for item in items if item.get_closest_marker("slow")]
-        if slow:
-            config.hook.pytest_deselected(items=slow)
-            items[:] = [item for item in items if not item.get_closest_marker("slow")]
-    _order(items)
+        full = [item for item in items if full_tier_only(item)]
+        if full:
+            config.hook.pytest_deselected(items=full)
+            items[:] = [item for item in items if not full_tier_only(item)]
+    suite_order(items)
 
 
-def _order(items):
+def suite_order(items):
     """The order in which the units above are handed out (pytest.ini turns xdist's own, by number
     of tests, off): the vLLM unit first (it took one worker for 23–27 minutes on the AVX2 box),
     then the files made mostly of minutes-long (`slow`) tests, then the others, more tests first.

@@ -102,8 +102,8 @@ def test_readme_is_a_short_front_page():
 def test_readme_keeps_the_two_commands_ci_and_newcomers_run():
     blocks = "\n".join(_code_blocks(README.read_text()))
     assert "bash setup.sh && bash download.sh && .venv/bin/python 09_driver.py --method red\n" in blocks
-    assert "bash setup.sh && .venv/bin/python -m pytest -q\n" in blocks
-    assert "bash setup.sh && .venv/bin/python -m pytest -q" in (ROOT / ".ci" / "run").read_text()
+    assert "bash setup.sh && .venv/bin/python -m pytest -q --full\n" in blocks
+    assert "bash setup.sh && .venv/bin/python -m pytest -q --full\n" in (ROOT / ".ci" / "run").read_text()
 
 
 @pytest.mark.parametrize("path", _docs(), ids=lambda p: str(p.relative_to(ROOT)))
