@@ -14,7 +14,8 @@ from utils.eval.mechanism import gain_kinds, mechanism_section, plot_mechanism, 
 
 
 def _training(method, acc, weight, seed=1):
-    history = [{"step": i + 1, "train/accuracy": a, "red/final_weight": w} for i, (a, w) in enumerate(zip(acc, weight))]
+    history = [{"step": i + 1, "train/accuracy": a, "red/final_weight": w, "red/entropy_weight": 1.0,
+                "red/accuracy_factor": w} for i, (a, w) in enumerate(zip(acc, weight))]
     return Training("study", seed, method, Path("."), history)
 
 
@@ -65,8 +66,9 @@ def test_the_report_section_and_plot(tmp_path):
     evals = [_eval("sft_warmup", 1, 0.6, 0.4, 0.7), _eval("red", 1, 0.6, 0.5, 0.7)]
     text = "\n".join(mechanism_section(evals, trainings))
     assert "### Sharpening or new capability" in text and "| study | red | 1 | 0.0000 | 0.1000 | 0.0000 | sharpening |" in text
-    assert "### RED's mechanism" in text and "| study | 1 | 10 | 0.200 | 0.500 | 4.000 | 1.000 | 4.00 | exercised |" in text
-    assert "| study | 2 | 10 | 0.400 | 0.400 | 1.200 | 1.200 | 1.00 | idle: accuracy moved +0.000" in text
+    assert "### RED's mechanism" in text
+    assert "| study | 1 | 10 | 0.200 | 0.500 | 4.000 | 1.000 | 4.00 | 1.000 | 1.000 | 4.000 | 1.000 | exercised |" in text
+    assert "| study | 2 | 10 | 0.400 | 0.400 | 1.200 | 1.200 | 1.00 | 1.000 | 1.000 | 1.200 | 1.200 | idle: accuracy" in text
     assert mechanism_section([], []) == []
     name, fig = plot_mechanism(plt, evals, trainings, True)
     fig.savefig(tmp_path / name)

@@ -52,8 +52,11 @@ def red_mechanism(trainings) -> list[dict]:
         ratio = max(w0, w1) / min(w0, w1) if min(w0, w1) > 0 else math.inf
         short = ([f"accuracy moved {acc1 - acc0:+.3f} (needs ±{ACCURACY_SHIFT})"] if abs(acc1 - acc0) < ACCURACY_SHIFT
                  else []) + ([f"weight ratio {ratio:.2f} (needs ≥ {WEIGHT_RATIO:g})"] if ratio < WEIGHT_RATIO else [])
+        factors = {f"{name}_{end}": v
+                   for name, key in (("w_entropy", "red/entropy_weight"), ("w_acc", "red/accuracy_factor"))
+                   for end, v in zip(("first", "last"), _tenths([h.get(key, math.nan) for h in steps]))}
         rows.append({"run": t.run, "seed": t.seed, "method": t.method, "steps": len(steps), "acc_first": acc0,
-                     "acc_last": acc1, "weight_first": w0, "weight_last": w1, "weight_ratio": ratio,
+                     "acc_last": acc1, "weight_first": w0, "weight_last": w1, "weight_ratio": ratio, **factors,
                      "verdict": "exercised" if not short else "idle: " + "; ".join(short)})
     return rows
 
@@ -113,7 +116,9 @@ def plot_mechanism(plt, evals, trainings, many_runs):  # noqa: ARG001 - evals: t
 _GAIN_COLUMNS = {"run": "run", "method": "method", "seeds": "seeds", "d_greedy": "Δ greedy", "d_mean": "Δ mean@k",
                  "d_pass": "Δ pass@k", "kind": "kind"}
 _MECH_COLUMNS = {"run": "run", "seed": "seed", "steps": "steps", "acc_first": "accuracy first", "acc_last": "last",
-                 "weight_first": "weight first", "weight_last": "last", "weight_ratio": "ratio", "verdict": "verdict"}
+                 "weight_first": "weight first", "weight_last": "last", "weight_ratio": "ratio",
+                 "w_entropy_first": "w_entropy first", "w_entropy_last": "last", "w_acc_first": "w_acc first",
+                 "w_acc_last": "last", "verdict": "verdict"}
 
 
 def _3(x) -> str:
@@ -134,8 +139,10 @@ def mechanism_section(evals, trainings) -> list[str]:
                   f"First against last tenth of each red run's steps: sampled batch accuracy must move by at least "
                   f"{ACCURACY_SHIFT} and red's final SFT weight by a factor of at least {WEIGHT_RATIO:g}, or the "
                   "mechanism was idle and red could not differ from a fixed weight for its own reasons "
-                  "(plots/red_mechanism.png).", "",
+                  "(plots/red_mechanism.png). The weight is w_entropy · w_acc: the two factors' tenths show which "
+                  "one moved, and whether one cancelled the other.", "",
                   markdown(select(pd.DataFrame(mech, dtype=object), _MECH_COLUMNS),
-                           {"accuracy first": _3, "last": _3, "weight first": _3, "ratio": lambda x: fmt(x, 2)}), ""]
+                           {"accuracy first": _3, "last": _3, "weight first": _3, "ratio": lambda x: fmt(x, 2),
+                            "w_entropy first": _3, "w_acc first": _3}), ""]
     return lines
 
