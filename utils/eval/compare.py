@@ -46,15 +46,6 @@ class Evaluation:
     manifest: dict
     primary: str = "greedy"  # eval.primary of the 07 that wrote it
 
-    def row(self) -> dict:
-        m = self.metrics
-        lo, hi = m["accuracy_ci95"]
-        return {"run": self.run, "seed": self.seed, "method": self.method, "checkpoint": m["checkpoint"],
-                "n": m["n"], "accuracy": m["accuracy"], "ci95_low": lo, "ci95_high": hi, "format": m["format"],
-                "answered": m["answered"], "reward": m["reward"], "turns": m["turns"], "subtasks": m["subtasks"],
-                "tokens_planner": m["tokens_planner"], "tokens_executor": m["tokens_executor"],
-                "source": rel(self.directory / "metrics.json")}
-
 
 @dataclass
 class Training:

@@ -36,6 +36,15 @@ def evaluations(evals: list[Evaluation], by: list[str] = ORDER) -> pd.DataFrame:
     return _ordered(df, by)
 
 
+def sampled(df: pd.DataFrame) -> pd.DataFrame:
+    """The evaluations 07 sampled (eval.samples = k > 0), with each one's `mean@k` and `pass@k` (its
+    metrics.json's `mean@<k>` and `pass@<k>`) as two columns of their own."""
+    have = df[df["samples"].map(bool)].copy() if "samples" in df else df.iloc[:0].copy()
+    have["mean@k"] = [r[f"mean@{r['samples']}"] for _, r in have.iterrows()]
+    have["pass@k"] = [r[f"pass@{r['samples']}"] for _, r in have.iterrows()]
+    return have
+
+
 def select(df: pd.DataFrame, names: dict[str, str]) -> pd.DataFrame:
     """Columns `names` (field -> header) of `df`, renamed; a field no row has is a column of None."""
     out = pd.DataFrame({old: df[old] if old in df else [None] * len(df) for old in names}, index=df.index,

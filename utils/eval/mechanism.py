@@ -21,7 +21,7 @@ import pandas as pd
 
 from utils.core.methods import METHODS, SFT_WARMUP
 from utils.eval.compare import curve_label, fmt
-from utils.eval.frames import evaluations, markdown, select
+from utils.eval.frames import evaluations, markdown, sampled, select
 
 ACCURACY_SHIFT = 0.2
 WEIGHT_RATIO = 2.0
@@ -65,14 +65,11 @@ def gain_kinds(evals) -> list[dict]:
     """Per run and trained method evaluated with samples: the mean over the seeds it shares with its
     run's sft_warmup of its greedy, mean@k and pass@k minus the warmup's (each method's rows joined to
     the warmup's on run and seed), and the kind of gain."""
-    df = evaluations(evals)
-    if "samples" not in df:
+    have = sampled(evaluations(evals))
+    if have.empty:
         return []
-    have = df[df["samples"].map(bool)]
     have = pd.DataFrame({"run": have["run"], "method": have["method"], "seed": have["seed"],
-                         "greedy": have["accuracy"],
-                         "mean": [r[f"mean@{r['samples']}"] for _, r in have.iterrows()],
-                         "pass": [r[f"pass@{r['samples']}"] for _, r in have.iterrows()]})
+                         "greedy": have["accuracy"], "mean": have["mean@k"], "pass": have["pass@k"]})
     warm = have[have["method"] == SFT_WARMUP].drop(columns="method")
     joined = have[have["method"].isin(list(METHODS))].merge(warm, on=["run", "seed"], suffixes=("", "_w"))
     rows = []

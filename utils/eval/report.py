@@ -16,7 +16,7 @@ from utils.core.manifest import atomic_write_bytes, rel
 from utils.core.methods import CONTROL, METHODS, SFT_WARMUP
 from utils.eval.compare import (PHASES, CompareError, Evaluation, Training, config_diff, fmt, curve_label, method_key,
                                 table)
-from utils.eval.frames import across_seeds, ci, evaluations, markdown, select
+from utils.eval.frames import across_seeds, ci, evaluations, markdown, sampled, select
 from utils.eval.mechanism import mechanism_section, plot_mechanism
 from utils.eval.stats import holm, paired_test, verdict
 
@@ -197,21 +197,21 @@ def primary_label(evals: list[Evaluation]) -> str:
     return f"mean@{e.metrics.get('samples')} at temperature {e.metrics.get('sample_temperature')}"
 
 
+_SAMPLED_COLUMNS = {"run": "run", "seed": "seed", "method": "method", "accuracy": "greedy", "mean@k": "mean@k",
+                    "mean_at_k_ci95": "95% CI", "pass@k": "pass@k", "samples": "k", "sample_temperature": "temperature"}
+
+
 def _sampled_section(df: pd.DataFrame) -> list[str]:
     """mean@k and pass@k at the rollout temperature beside greedy, where 07 sampled (eval.samples)."""
-    have = df[df["samples"].map(bool)] if "samples" in df else df.iloc[:0]
+    have = sampled(df)
     if have.empty:
         return []
-    rows = pd.DataFrame({"run": have["run"], "seed": have["seed"], "method": have["method"], "greedy": have["accuracy"],
-                         "mean@k": [r[f"mean@{r['samples']}"] for _, r in have.iterrows()],
-                         "95% CI": have["mean_at_k_ci95"].map(ci),
-                         "pass@k": [r[f"pass@{r['samples']}"] for _, r in have.iterrows()],
-                         "k": have["samples"], "temperature": have["sample_temperature"]}, dtype=object)
+    rows = select(have, _SAMPLED_COLUMNS)
     return ["### Sampled at the rollout temperature", "",
             "mean@k: each item's mean answer score over k episodes sampled at the rollout temperature, averaged "
             "over items (the policy RL optimises; CI a bootstrap over items); pass@k: items with a fully correct "
             "sample. mean@k up with greedy and pass@k flat is sharpening; greedy or pass@k up as well is new "
-            "capability.", "", markdown(rows, {"95% CI": str, "k": str, "temperature": str}), ""]
+            "capability.", "", markdown(rows, {"95% CI": ci, "k": str, "temperature": str}), ""]
 
 
 _ACCURACY_COLUMNS = {"run": "run", "seed": "seed", "method": "method", "n": "n", "accuracy": "accuracy",
