@@ -10,7 +10,8 @@ A step (utils/train/grpo_trainer.py `GrpoTrainer.step`) calls each active varian
    group accuracy)) and per planner turn advantage bonuses (`step.bonus`, per episode);
 4. `after_update(stats, skipped, state)`: what the next step needs, kept in the checkpointed
    TrainState;
-5. `metrics(step)`: its logged metrics, the same on every rank.
+5. `metrics(step, world)`: its logged metrics, gathered over the ranks so that every rank logs the
+   same.
 The defaults change nothing.
 """
 from __future__ import annotations
