@@ -15,10 +15,52 @@ def _recipe() -> PretrainConfig:
     return from_dict(PretrainConfig, read_yaml(DEFAULT_RECIPE), str(DEFAULT_RECIPE))
 
 
+# recipe fields added after the committed base was built; at these values the corpus is the one it
+# was built on (test_default_corpus_is_the_committed_bases)
+ADDED_SINCE_BUILD = {"reduction_max_ops": 3}
+
+
 def test_committed_files_match_their_manifest(base_dir):
     assert verify_base(base_dir) == []
     m = read_manifest(base_dir)
-    assert m["recipe"] == from_dict(PretrainConfig, read_yaml(DEFAULT_RECIPE), "recipe").__dict__
+    assert {**ADDED_SINCE_BUILD, **m["recipe"]} == from_dict(PretrainConfig, read_yaml(DEFAULT_RECIPE), "recipe").__dict__
+
+
+def test_default_corpus_is_the_committed_bases():
+    """The first packed batch and a stretch of corpus text, pinned before the recipe gained fields:
+    a new field at its default must not change what pretraining reads."""
+    import hashlib
+    import random
+
+    from utils.data.arith import pretrain_text
+    from utils.tinyarith.model import pack_batch
+
+    cfg = _recipe()
+    ids, _ = pack_batch(random.Random(0), cfg, char_vocab())
+    assert hashlib.sha256(ids.numpy().astype("<i8").tobytes()).hexdigest() == \
+        "4525d852e27387b144ae557e1ba93632102b7dad3961d2257af9b2df9a7801ee"
+    text = pretrain_text(0, 2000, tuple(cfg.ops), cfg.bounds)
+    assert hashlib.sha256(text.encode()).hexdigest() == "9675b439fd2ae1a65e3e783e8d8ee101680675a8c0117b9a6ddebe9cd9fe25db"
+
+
+def test_batches_drawn_ahead_are_the_recipes_stream():
+    from utils.tinyarith.model import batches
+
+    cfg = from_dict(PretrainConfig, {**read_yaml(DEFAULT_RECIPE), "steps": 4, "batch_size": 4}, "recipe")
+    inline, ahead = list(batches(cfg)), list(batches(cfg, ahead=True))  # ahead: the GPU build's path
+    assert len(inline) == len(ahead) == 4
+    for (ids, labels), (ids2, labels2) in zip(inline, ahead):
+        assert torch.equal(ids, ids2) and torch.equal(labels, labels2)
+
+
+def test_longer_reductions_reach_their_bound():
+    from utils.data.arith import pretrain_text
+
+    cfg = _recipe()
+    worked = lambda text: [line.count(": ") for line in text.splitlines() if ": " in line and line[0].isdigit()]  # noqa: E731
+    short = worked(pretrain_text(0, 3000, tuple(cfg.ops), cfg.bounds))
+    long = worked(pretrain_text(0, 3000, tuple(cfg.ops), cfg.bounds, max_ops=6))
+    assert max(short) == 3 and max(long) == 6  # one "expr: op=value" clause per operation
 
 
 def test_base_knows_heldout_arithmetic_and_random_init_does_not(base_dir, hf_base):
@@ -63,6 +105,22 @@ def test_recipe_is_reproducible(tmp_path):
     assert a["files"]["model.safetensors"] == b["files"]["model.safetensors"]
     assert a["recipe_sha256"] == b["recipe_sha256"]
     assert not (tmp_path / "a.partial").exists()
+
+
+def test_build_cli_records_its_overrides_and_device(tmp_path):
+    from utils.tinyarith.build import main
+
+    out = tmp_path / "variant"
+    assert main(["--out", str(out), "--steps", "2", "--set", "seq_len=200", "--set", "reduction_max_ops=6",
+                 "--set", "eval_size=4", "--device", "cpu"]) == 0
+    m = read_manifest(out)
+    assert (m["recipe"]["seq_len"], m["recipe"]["reduction_max_ops"], m["recipe"]["steps"]) == (200, 6, 2)
+    assert m["device"] == "cpu" and verify_base(out) == []
+    with pytest.raises(SystemExit, match="expected KEY=VALUE"):
+        main(["--out", str(tmp_path / "bad"), "--set", "seq_len"])
+    with pytest.raises(Exception, match="unknown key 'seq_length'"):
+        main(["--out", str(tmp_path / "bad"), "--steps", "1", "--set", "seq_length=200"])
+    assert not (tmp_path / "bad").exists()
 
 
 def test_peft_wraps_the_base(hf_base):

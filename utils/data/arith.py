@@ -104,37 +104,38 @@ def reduction_text(question: str, steps) -> str:
 
 
 def chain_problem(rng: random.Random, ops: tuple[str, ...], bounds: OperandRange, min_steps: int,
-                  task_side: bool) -> Problem:
-    """A min_steps..3 step +/- chain on the task side of the hash split (task_side) or the
+                  task_side: bool, max_steps: int = 3) -> Problem:
+    """A min_steps..max_steps step +/- chain on the task side of the hash split (task_side) or the
     pretraining side; the operands and values match what the corpus shows."""
     chain_ops = tuple(o for o in ops if o in "+-") or ("+",)
     while True:
-        p = make_problem(rng, rng.randint(min_steps, 3), chain_ops, (bounds.right_max + 1) // 2, bounds.left_max)
+        p = make_problem(rng, rng.randint(min_steps, max_steps), chain_ops, (bounds.right_max + 1) // 2,
+                         bounds.left_max)
         if is_task_question(p.question) == task_side:
             return p
 
 
-def reduction_problem(rng: random.Random, ops: tuple[str, ...], bounds: OperandRange) -> Problem:
-    """A 1-3 step +/- chain for pretraining: never a task question, never a held-out fact."""
+def reduction_problem(rng: random.Random, ops: tuple[str, ...], bounds: OperandRange, max_ops: int = 3) -> Problem:
+    """A 1..max_ops step +/- chain for pretraining: never a task question, never a held-out fact."""
     while True:
-        p = chain_problem(rng, ops, bounds, 1, task_side=False)
+        p = chain_problem(rng, ops, bounds, 1, task_side=False, max_steps=max_ops)
         facts = [re.fullmatch(r"(\d+)([+-])(\d+)", t).groups() for t, _ in p.steps]
         if not any(is_heldout(int(a), op, int(b)) for a, op, b in facts):
             return p
 
 
-def pretrain_line(rng: random.Random, ops: tuple[str, ...], bounds: OperandRange) -> str:
+def pretrain_line(rng: random.Random, ops: tuple[str, ...], bounds: OperandRange, max_ops: int = 3) -> str:
     """One line (or a question line and its worked line) of raw arithmetic text, in one of
     several surface forms (never held-out facts).
 
     The word forms teach the letters the prompts use; two-step lines, worked reductions of
-    chains (30% of lines, `reduction_text`) and questions restated on the next line
+    chains of 1..max_ops operations (30% of lines, `reduction_text`) and questions restated on the next line
     ("compute: 12+7\n12+7=19") give the base the copying and chaining a real pretrained model
     has; a fifth of the lines are other arithmetic text (`_other_line`).
     """
     draw = rng.random()
     if draw < 0.3:
-        p = reduction_problem(rng, ops, bounds)
+        p = reduction_problem(rng, ops, bounds, max_ops)
         if rng.random() < 0.5:  # the expression on a line of its own, worked on the next line
             return f"{rng.choice(_ASK)}: {p.question}\n{reduction_text(p.question, p.steps)}"
         return reduction_text(p.question, p.steps)
@@ -160,9 +161,9 @@ def pretrain_line(rng: random.Random, ops: tuple[str, ...], bounds: OperandRange
     return f"{a}{op}{b}={c}"
 
 
-def pretrain_text(seed: int, n_lines: int, ops: tuple[str, ...], bounds: OperandRange) -> str:
+def pretrain_text(seed: int, n_lines: int, ops: tuple[str, ...], bounds: OperandRange, max_ops: int = 3) -> str:
     rng = random.Random(seed)
-    return "\n".join(pretrain_line(rng, ops, bounds) for _ in range(n_lines)) + "\n"
+    return "\n".join(pretrain_line(rng, ops, bounds, max_ops) for _ in range(n_lines)) + "\n"
 
 
 @dataclass(frozen=True)

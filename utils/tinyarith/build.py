@@ -22,13 +22,13 @@ DEFAULT_RECIPE = ROOT / "configs" / "pretrain" / "tiny-arith.yaml"
 DEFAULT_OUT = ROOT / "artifacts" / "tiny-arith"
 
 
-def build(recipe: Path, out_dir: Path, overrides: dict | None = None) -> dict:
+def build(recipe: Path, out_dir: Path, overrides: dict | None = None, device: str = "cpu") -> dict:
     import torch
     from transformers import GenerationConfig
 
     cfg = from_dict(PretrainConfig, {**read_yaml(recipe), **(overrides or {})}, str(recipe))
     t0 = time.time()
-    model, history = pretrain(cfg)
+    model, history = pretrain(cfg, device=device)
     eval_items = heldout_prompts(cfg, cfg.eval_size, seed=cfg.seed + 2)
     acc = greedy_accuracy(model, eval_items)
     chain_items = chain_prompts(cfg, cfg.eval_size, seed=cfg.seed + 2)
@@ -52,7 +52,7 @@ def build(recipe: Path, out_dir: Path, overrides: dict | None = None) -> dict:
         "metrics": {"heldout_acc": acc, "random_init_heldout_acc": random_acc,
                     "heldout_items": len(eval_items),
                     "task_chain_reduction_acc": chain_acc, "chain_items": len(chain_items), "final_loss": history[-1]["loss"]},
-        "history": history, "files": files, "git": git_state(), "versions": package_versions(),
+        "history": history, "files": files, "git": git_state(), "versions": package_versions(), "device": device,
         "wall_seconds": round(time.time() - t0, 1),
     }
     atomic_write_json(tmp / "manifest.json", manifest)
@@ -62,14 +62,28 @@ def build(recipe: Path, out_dir: Path, overrides: dict | None = None) -> dict:
     return manifest
 
 
+def _override(text: str) -> tuple[str, object]:
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"--set {text!r}: expected KEY=VALUE")
+    return key, yaml.safe_load(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", type=Path, default=DEFAULT_RECIPE, help="pretraining recipe YAML")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output model directory")
     ap.add_argument("--steps", type=int, default=None, help="override the recipe's step count (tests)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a recipe field (YAML value), e.g. seq_len=384; recorded in the manifest's recipe")
+    ap.add_argument("--device", default="cpu", help="torch device to pretrain on (cpu, cuda)")
     args = ap.parse_args(argv)
-    overrides = {"steps": args.steps} if args.steps is not None else None
-    m = build(args.recipe, args.out, overrides)
+    overrides = dict(_override(s) for s in args.set)
+    if args.steps is not None:
+        overrides["steps"] = args.steps
+    m = build(args.recipe, args.out, overrides, device=args.device)
     print(f"built {args.out}: {m['parameters']} parameters, held-out acc {m['metrics']['heldout_acc']:.3f} "
           f"(random init {m['metrics']['random_init_heldout_acc']:.3f}), task-chain reduction acc "
           f"{m['metrics']['task_chain_reduction_acc']:.3f}, {m['wall_seconds']}s")

@@ -76,6 +76,8 @@ class PretrainConfig:
     left_max: int = field(99, "Largest left operand.")
     right_max: int = field(99, "Largest right operand.")
     mul_right_max: int = field(9, "Largest right operand of '*'.")
+    reduction_max_ops: int = field(3, "Most operations in a worked chain reduction of the corpus (from 1).",
+                                   minimum=1)
     eval_size: int = field(300, "Held-out facts scored at the end (never seen in pretraining).")
     threads: int = field(2, "torch CPU threads.")
 
@@ -104,7 +106,7 @@ def pack_batch(rng: random.Random, cfg: PretrainConfig, vocab: dict[str, int]):
     for row in range(cfg.batch_size):
         seq = [BOS_ID]
         while True:
-            line = [vocab[c] for c in pretrain_line(rng, ops, cfg.bounds) + "\n"]
+            line = [vocab[c] for c in pretrain_line(rng, ops, cfg.bounds, cfg.reduction_max_ops) + "\n"]
             if len(seq) + len(line) > cfg.seq_len:
                 break
             seq += line
@@ -148,6 +150,7 @@ def greedy_accuracy(model, items: list[tuple[str, str]], batch: int = 128) -> fl
     for start in range(0, len(items), batch):
         chunk = items[start:start + batch]
         ids, mask = pad([[BOS_ID] + [vocab[c] for c in prompt] for prompt, _ in chunk], PAD_ID, torch.long, left=True)
+        ids, mask = ids.to(model.device), mask.to(model.device)
         width = ids.shape[1]
         max_new = max(len(e) for _, e in chunk) + 1
         with torch.no_grad():
@@ -160,8 +163,40 @@ def greedy_accuracy(model, items: list[tuple[str, str]], batch: int = 128) -> fl
     return correct / max(len(items), 1)
 
 
-def pretrain(cfg: PretrainConfig, log=print):
-    """Train a fresh model by the recipe; returns (model, history of (step, loss, held-out acc))."""
+def _produce(cfg: PretrainConfig, queue) -> None:
+    rng, vocab = random.Random(cfg.seed), char_vocab()
+    for _ in range(cfg.steps):
+        queue.put(tuple(t.numpy() for t in pack_batch(rng, cfg, vocab)))
+
+
+def batches(cfg: PretrainConfig, device: str = "cpu", ahead: bool | None = None):
+    """The recipe's stream of (ids, labels) batches, one per step, on `device`. With `ahead` (the
+    default off the CPU) a helper process draws it ahead of the device (the same stream: one rng, in
+    order), since drawing a batch in Python takes longer than a GPU's step on it."""
+    import torch
+
+    if not (device != "cpu" if ahead is None else ahead):
+        rng, vocab = random.Random(cfg.seed), char_vocab()
+        for _ in range(cfg.steps):
+            yield pack_batch(rng, cfg, vocab)
+        return
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue(maxsize=256)
+    producer = ctx.Process(target=_produce, args=(cfg, queue), daemon=True)
+    producer.start()
+    try:
+        for _ in range(cfg.steps):
+            yield tuple(torch.from_numpy(a).to(device) for a in queue.get(timeout=600))
+    finally:
+        producer.terminate()
+
+
+def pretrain(cfg: PretrainConfig, log=print, device: str = "cpu"):
+    """Train a fresh model by the recipe on `device`; returns (model, history of (step, loss,
+    held-out acc)). The model comes back on the CPU. Another device draws the same corpus and init
+    but sums in another order, so its weights differ from a CPU build's."""
     import torch
     from transformers import LlamaForCausalLM
 
@@ -170,15 +205,13 @@ def pretrain(cfg: PretrainConfig, log=print):
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    model = LlamaForCausalLM(llama_config(cfg))
+    model = LlamaForCausalLM(llama_config(cfg)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    rng, vocab = random.Random(cfg.seed), char_vocab()
     probe = heldout_prompts(cfg, 100, seed=cfg.seed + 1)
     chain_probe = chain_prompts(cfg, 100, seed=cfg.seed + 1)
     history, t0 = [], time.time()
-    for step in range(cfg.steps):
+    for step, (ids, labels) in enumerate(batches(cfg, device)):
         model.train()
-        ids, labels = pack_batch(rng, cfg, vocab)
         for group in opt.param_groups:
             group["lr"] = cfg.lr * warmup_cosine(step, cfg.warmup_steps, cfg.steps, FINAL_LR_RATIO)
         loss = model(input_ids=ids, labels=labels).loss
@@ -192,4 +225,4 @@ def pretrain(cfg: PretrainConfig, log=print):
                             "chain_acc_probe": chain})
             log(f"step {step + 1}/{cfg.steps} loss {loss.item():.4f} held-out acc {acc:.2f} "
                 f"chain acc {chain:.2f} ({time.time() - t0:.0f}s)")
-    return model, history
+    return model.cpu(), history
