@@ -58,3 +58,27 @@ def test_across_seeds_needs_two_seeds_somewhere_and_takes_each_groups_own():
     assert red["mean accuracy"] == pytest.approx(0.6875) and (red["min"], red["max"]) == (0.625, 0.75)
     assert seeds.iloc[1]["95% CI"] == "—"  # one seed: no interval
     assert across_seeds(evaluations(EVALS[:1])).empty
+
+
+def test_training_and_paired_tables_come_from_their_frames():
+    from utils.eval.compare import Training
+    from utils.eval.frames import tests, trainings
+
+    history = [{"critic/rewards/mean": 0.25, "train/accuracy": 0.125, "time/rollout": 2.0},
+               {"critic/rewards/mean": 0.5, "answer_f1/mean": 0.375, "time/rollout": 4.0, "time/update": 1.0}]
+    runs = [Training("a", 1, "red", Path("r"), history, {"wall_seconds": 12.25}),
+            Training("a", None, "sft", Path("s"), [{"loss": 1.0}], {})]
+    df = trainings(runs)
+    assert df.loc[0, ["steps", "reward first", "reward last", "train acc first", "train acc last"]].tolist() == \
+        [2, 0.25, 0.5, 0.125, 0.375]  # an old run's last step logged answer_f1/mean instead
+    assert (df.loc[0, "rollout s/step"], df.loc[0, "update s/step"], df.loc[0, "scoring s/step"]) == (3.0, 1.0, 0.0)
+    assert df.loc[1, ["reward first", "wall s"]].tolist() == [None, None]  # no RL steps, no manifest figure
+    found = [{"run": "a", "family": "red", "a": "red", "b": "grpo", "seeds": 3, "n": 600, "diff": 0.0125,
+              "ci95_low": -0.01, "ci95_high": 0.035, "item_ci95_low": -0.02, "item_ci95_high": 0.04, "mde": 0.05,
+              "p_value": 0.00002, "test": "paired t over seeds", "verdict": "no evidence either way"}]
+    assert tests(found)["p_value"].tolist() == [0.00002] and tests([]).empty
+    report = render_report(EVALS, runs, found, [], [], 100)
+    assert "| a | 1 | red | 2 | 0.250 | 0.500 | 0.125 | 0.375 | 12.2 | 3.00 | 0.00 | 0.00 | 1.00 | 0.00 |" in report
+    assert "| a | — | sft | 1 | — | — | — | — | — | 0.00 |" in report
+    assert ("| a | red − grpo | 3 | 600 | 0.0125 | -0.0100–0.0350 | -0.0200–0.0400 | 0.0500 | < 0.0001 | — | "
+            "no evidence either way |") in report  # no p_holm: "—"

@@ -189,12 +189,6 @@ def curve_label(t: Training, many_runs: bool) -> str:
     return f"{t.run}:{label}" if many_runs else label
 
 
-def table(header: list[str], rows: list[list]) -> str:
-    """A markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
-
-
 def source_files(evals: list[Evaluation], trainings: list[Training]) -> list[Path]:
     files = []
     for e in evals:

@@ -14,7 +14,7 @@ from typing import Callable
 import pandas as pd
 
 from utils.core.manifest import rel
-from utils.eval.compare import SUMMARY_FIELDS, Evaluation, fmt, method_key
+from utils.eval.compare import PHASES, SUMMARY_FIELDS, Evaluation, Training, fmt, method_key
 from utils.eval.stats import mean_ci_across_seeds
 
 ORDER = ["run", "method", "seed"]  # the report's row order
@@ -89,3 +89,34 @@ def across_seeds(df: pd.DataFrame) -> pd.DataFrame:
                      "min": min(accs), "max": max(accs)})
     return _ordered(pd.DataFrame(rows, dtype=object), ["run", "method"])
 
+
+
+def tests(found: list[dict]) -> pd.DataFrame:
+    """The paired tests (report.comparisons), one row each, cells as computed (None stays None)."""
+    columns = list(dict.fromkeys(k for t in found for k in t)) or ["run", "family", "a", "b"]
+    return pd.DataFrame([[t.get(c) for c in columns] for t in found], columns=columns, dtype=object)
+
+
+def _train_accuracy(metrics: dict) -> float | None:
+    """A step's share of fully correct rollouts; runs from before `train/accuracy` logged the mean
+    answer score instead (the same on exact-match scorers)."""
+    return metrics.get("train/accuracy", metrics.get("answer_f1/mean"))
+
+
+def trainings(found: list[Training]) -> pd.DataFrame:
+    """One row per trainer run: its length, first and last RL step's reward and batch accuracy
+    (None without RL steps), wall time and mean seconds per step of each phase (0.0 if never logged)."""
+    rows = []
+    for t in found:
+        rl = [h for h in t.history if "critic/rewards/mean" in h]
+        row = {"run": t.run, "seed": t.seed, "method": t.method, "steps": len(t.history),
+               "reward first": rl[0]["critic/rewards/mean"] if rl else None,
+               "reward last": rl[-1]["critic/rewards/mean"] if rl else None,
+               "train acc first": _train_accuracy(rl[0]) if rl else None,
+               "train acc last": _train_accuracy(rl[-1]) if rl else None,
+               "wall s": t.manifest.get("wall_seconds") if t.manifest else None}
+        for phase in PHASES:
+            vals = [h[phase] for h in t.history if phase in h]
+            row[f"{phase.split('/')[1]} s/step"] = sum(vals) / len(vals) if vals else 0.0
+        rows.append(row)
+    return pd.DataFrame(rows, dtype=object)

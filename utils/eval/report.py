@@ -14,8 +14,8 @@ import pandas as pd
 
 from utils.core.manifest import atomic_write_bytes, rel
 from utils.core.methods import CONTROL, METHODS, SFT_WARMUP
-from utils.eval.compare import (PHASES, CompareError, Evaluation, Training, config_diff, fmt, curve_label, method_key,
-                                table)
+from utils.eval.compare import PHASES, CompareError, Evaluation, Training, config_diff, fmt, curve_label, method_key
+from utils.eval import frames
 from utils.eval.frames import across_seeds, ci, evaluations, markdown, sampled, select
 from utils.eval.mechanism import mechanism_section, plot_mechanism
 from utils.eval.stats import holm, paired_test, verdict
@@ -100,8 +100,9 @@ def _plot_red(plt, evals, trainings, many_runs):
 def _plot_phases(plt, evals, trainings, many_runs):
     fig, ax = plt.subplots(figsize=(7, 4))
     names, bottoms = [curve_label(t, many_runs) for t in trainings], [0.0] * len(trainings)
+    per_step = frames.trainings(trainings)
     for phase in PHASES:
-        vals = [_phase_mean(t, phase) for t in trainings]
+        vals = list(per_step[f"{phase.split('/')[1]} s/step"]) if trainings else []
         ax.bar(range(len(trainings)), vals, bottom=bottoms, label=phase.split("/")[1])
         bottoms = [b + v for b, v in zip(bottoms, vals)]
     ax.set_xticks(range(len(trainings)), names, rotation=30, ha="right", fontsize=8)
@@ -109,17 +110,6 @@ def _plot_phases(plt, evals, trainings, many_runs):
     if trainings:
         ax.legend(fontsize=8)
     return "time_per_phase.png", fig
-
-
-def _train_accuracy(metrics: dict) -> float | None:
-    """A step's share of fully correct rollouts; runs from before `train/accuracy` logged the mean
-    answer score instead (the same on exact-match scorers)."""
-    return metrics.get("train/accuracy", metrics.get("answer_f1/mean"))
-
-
-def _phase_mean(t: Training, phase: str) -> float:
-    vals = [h[phase] for h in t.history if phase in h]
-    return sum(vals) / len(vals) if vals else 0.0
 
 
 # --------------------------------------------------------------------------------------- report
@@ -289,7 +279,7 @@ def _paired_section(tests: list[dict], resamples: int) -> list[str]:
               "Holm-adjusted within each table and run; the verdict is at adjusted p < 0.05. 'MDE' is the "
               "difference the test would detect with 80% power at p < 0.05 before Holm, at the observed seed "
               "spread: a smaller true effect is likely to read 'no evidence either way', and Holm raises the bar.")
-    lines = []
+    lines, df = [], frames.tests(tests)
     for family, title, empty in (
             ("control", f"The positive control: {CONTROL} vs {SFT_WARMUP}",
              f"No run here evaluated both `{CONTROL}` and `{SFT_WARMUP}`, so there is no positive control: a "
@@ -298,60 +288,60 @@ def _paired_section(tests: list[dict], resamples: int) -> list[str]:
                                                                    "paired comparison."),
             ("warmup", "Did training improve on its start: each other method vs sft_warmup",
              "No run here evaluated both `sft_warmup` and a trained method.")):
-        rows = [[t["run"], f"{t['a']} − {t['b']}", t["seeds"], t["n"], fmt(t["diff"]),
-                 f"{fmt(t['ci95_low'])}–{fmt(t['ci95_high'])}", f"{fmt(t['item_ci95_low'])}–{fmt(t['item_ci95_high'])}",
-                 fmt(t["mde"]), _p(t["p_value"]), _p(t.get("p_holm")), t["verdict"]]
-                for t in tests if t["family"] == family]
+        rows = df[df["family"] == family] if "family" in df else df.iloc[:0]
         lines += [f"## {title}", ""]
-        if family == "control" and rows:
+        if family == "control" and len(rows):
             lines += [f"{CONTROL} − {SFT_WARMUP} is the effect this setup must detect: RL on the reward from the "
                       "warmup. It is tested alone, before the families below, so its verdict does not depend on "
                       "which other arms ran. If it does not read 'better', the other verdicts' 'no evidence either "
                       "way' cannot tell 'no effect' from 'the setup cannot see one'.", ""]
-        lines += [method, "", table(["run", "difference", "seeds", "items", "mean diff", "95% CI", "items 95% CI",
-                                      "MDE", "p", "p (Holm)", "first is"], rows), ""] if rows else [empty, ""]
+        lines += [method, "", _paired_table(rows), ""] if len(rows) else [empty, ""]
     return lines
+
+
+def _paired_table(rows: pd.DataFrame) -> str:
+    """One family's tests as the report shows them: CIs as ranges, p-values by `_p`."""
+    pair = lambda low, high: [ci(p) for p in zip(rows[low], rows[high])]  # noqa: E731
+    shown = pd.DataFrame({"run": rows["run"], "difference": rows["a"] + " − " + rows["b"], "seeds": rows["seeds"],
+                          "items": rows["n"], "mean diff": rows["diff"], "95% CI": pair("ci95_low", "ci95_high"),
+                          "items 95% CI": pair("item_ci95_low", "item_ci95_high"), "MDE": rows["mde"],
+                          "p": rows["p_value"], "p (Holm)": select(rows, {"p_holm": "p (Holm)"})["p (Holm)"],
+                          "first is": rows["verdict"]}, dtype=object)
+    return markdown(shown, {"p": _p, "p (Holm)": _p})
 
 
 def _training_section(trainings: list[Training]) -> list[str]:
     if not trainings:
         return []
-    lines, rows = ["## Training", ""], []
-    for t in trainings:
-        rl = [h for h in t.history if "critic/rewards/mean" in h]
-        phase = {p: _phase_mean(t, p) for p in PHASES}
-        rows.append([t.run, fmt(t.seed), t.method, len(t.history),
-                     fmt(rl[0]["critic/rewards/mean"], 3) if rl else "—",
-                     fmt(rl[-1]["critic/rewards/mean"], 3) if rl else "—",
-                     fmt(_train_accuracy(rl[0]), 3) if rl else "—",
-                     fmt(_train_accuracy(rl[-1]), 3) if rl else "—",
-                     fmt(t.manifest.get("wall_seconds"), 1) if t.manifest else "—"]
-                    + [fmt(phase[p], 2) for p in PHASES])
-    lines += [table(["run", "seed", "method", "steps", "reward first", "reward last", "train acc first",
-                      "train acc last", "wall s"] + [f"{p.split('/')[1]} s/step" for p in PHASES], rows), ""]
-    return lines
+    df = frames.trainings(trainings)
+    formats = {c: (lambda x: fmt(x, 3)) for c in df.columns if c.startswith(("reward", "train acc"))}
+    formats.update({"wall s": lambda x: fmt(x, 1), "seed": fmt},
+                   **{c: (lambda x: fmt(x, 2)) for c in df.columns if c.endswith("s/step")})
+    return ["## Training", "", markdown(df, formats), ""]
+
+
+def _config_table(configs: dict[str, dict]) -> str | None:
+    """The keys whose values differ between the labelled configs, one column per label; None if none."""
+    diff = config_diff(configs)
+    rows = [[key] + [f"`{values[label]}`" for label in configs] for key, values in diff]
+    return markdown(pd.DataFrame(rows, columns=["key", *configs], dtype=object)) if diff else None
 
 
 def _config_section(evals: list[Evaluation], trainings: list[Training], runs: list[str]) -> list[str]:
     lines = ["## Configs that differ", ""]
     by_method = {f"{t.run}:{t.method}" + (f":s{t.seed}" if t.seed is not None else ""): t.manifest.get("config", {})
                  for t in trainings if t.manifest}
-    diff = config_diff(by_method)
-    if diff:
-        labels = list(by_method)
-        lines += ["Between the trainer runs (from their manifests):", "",
-                  table(["key"] + labels, [[k] + [f"`{v[lab]}`" for lab in labels] for k, v in diff]), ""]
+    between = _config_table(by_method)
+    if between:
+        lines += ["Between the trainer runs (from their manifests):", "", between, ""]
     else:
         lines += ["The trainer runs have identical configs or there is only one." if by_method
                   else "No trainer runs here.", ""]
     if len(runs) > 1:
-        per_run = {}
+        per_run = {run: {} for run in runs}
         for e in evals:
-            per_run.setdefault(e.run, {}).update({f"07/{e.method}.{k}": v for k, v in e.manifest.get("config", {}).items()})
-        diff = config_diff(per_run)
-        lines += ["Between runs (07_evaluate configs):", "",
-                  table(["key"] + runs, [[k] + [f"`{v.get(r, '—')}`" for r in runs] for k, v in diff])
-                  if diff else "identical.", ""]
+            per_run[e.run].update({f"07/{e.method}.{k}": v for k, v in e.manifest.get("config", {}).items()})
+        lines += ["Between runs (07_evaluate configs):", "", _config_table(per_run) or "identical.", ""]
     return lines
 
 
