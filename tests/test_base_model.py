@@ -134,3 +134,21 @@ def test_peft_wraps_the_base(hf_base):
     ids = torch.tensor([[BOS_ID, 22, 23, 16, 28, 34]])
     with torch.no_grad():  # LoRA B starts at zero, so the wrapped model equals the base
         torch.testing.assert_close(model(input_ids=ids).logits, hf_base(input_ids=ids).logits)
+
+
+def test_candidate_r6_base_is_intact_and_knows_arithmetic():
+    """artifacts/tiny-arith-r6 (built on a GPU by configs/pretrain/tiny-arith-r6.yaml): not the default,
+    but committed so a study can use it (--set model.path=artifacts/tiny-arith-r6); checked like the default."""
+    from transformers import LlamaForCausalLM
+
+    from utils.core.config import ROOT
+
+    base, recipe = ROOT / "artifacts" / "tiny-arith-r6", ROOT / "configs" / "pretrain" / "tiny-arith-r6.yaml"
+    assert verify_base(base) == []
+    m = read_manifest(base)
+    cfg = from_dict(PretrainConfig, read_yaml(recipe), str(recipe))
+    assert m["recipe"] == cfg.__dict__ and (cfg.seq_len, cfg.reduction_max_ops) == (384, 6)
+    model = LlamaForCausalLM.from_pretrained(base)
+    facts = greedy_accuracy(model, heldout_prompts(cfg, 100, seed=cfg.seed + 2))
+    chains = greedy_accuracy(model, chain_prompts(cfg, 100, seed=cfg.seed + 2))
+    assert facts >= 0.9 and chains >= 0.9, (facts, chains)  # the manifest: 0.997 and 1.000 on 300 items
