@@ -279,3 +279,15 @@ def test_a_trainings_method_is_read_from_its_manifest_not_its_folder(tmp_path):
             (d / "manifest.json").write_text(json.dumps(manifest))
     got = {(t.method, t.seed, t.directory.name) for t in load_trainings([run], tmp_path / "outputs")}
     assert got == {("red", 3, "red_copy"), ("grpo", None, "grpo")}
+
+
+def test_run_label_pools_seed_folders_inside_and_outside_outputs(tmp_path):
+    from utils.eval.compare import run_label
+
+    outputs = tmp_path / "outputs"
+    assert run_label(outputs / "run_001" / "seed_2", outputs) == ("run_001", 2)
+    assert run_label(outputs / "run_001", outputs) == ("run_001", None)
+    other = tmp_path / "elsewhere" / "outputs" / "study"  # another checkout's multi-seed run
+    assert run_label(other / "seed_3", outputs) == ("study", 3)
+    assert run_label(other, outputs) == ("study", None)
+    assert run_label(tmp_path / "seed_x", outputs) == ("seed_x", None)

@@ -72,11 +72,14 @@ def _read_jsonl(path: Path, allow_empty: bool = False) -> list[tuple[int, dict]]
 
 
 def run_label(run_dir: Path, outputs: Path) -> tuple[str, int | None]:
-    """("run_001", 2) for outputs/run_001/seed_2; the folder name outside outputs/."""
+    """("run_001", 2) for outputs/run_001/seed_2. Outside outputs/ the run is named by its folder, and
+    a seed folder by its parent's (another checkout's outputs/study/seed_2 is ("study", 2)), so its
+    seeds pool into one run as they do inside."""
     try:
         label = run_dir.resolve().relative_to(outputs.resolve()).as_posix()
     except ValueError:
-        label = run_dir.name
+        seed_folder = re.fullmatch(r"seed_\d+", run_dir.name)
+        label = f"{run_dir.resolve().parent.name}/{run_dir.name}" if seed_folder else run_dir.name
     m = re.fullmatch(r"(.*)/seed_(\d+)", label)
     return (m.group(1), int(m.group(2))) if m else (label, None)
 
