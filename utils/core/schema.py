@@ -91,8 +91,8 @@ class ModelConfig:
     name: str = field("tiny-arith", "Short name, used in output paths and reports.")
     path: str = field("artifacts/tiny-arith", "Local directory (relative to the repo) or hub id of the base model.")
     dtype: str = field("float32", "Trainer dtype.", DTYPES)
-    device: str = field("cpu", "Where 04/05/06 train: cpu, or cuda (a GPU per rank under a launcher; run once, on an "
-                               "H100, docs/PERFORMANCE.md). Batches follow the policy; engines pick their device.", ("cpu", "cuda"))
+    device: str = field("cpu", "Where 04/05/06 train: cpu, or cuda (a GPU per rank under a launcher; run on one "
+                               "H100 and one H200, docs/PERFORMANCE.md). Batches follow the policy; engines pick their device.", ("cpu", "cuda"))
     trust_remote_code: bool = field(False, "Let transformers and vLLM run Python code shipped in the model's "
                                            "directory (auto_map). Off: such a model is refused.")
     max_new_tokens_planner: int = field(48, "Generation budget per planner turn.")
