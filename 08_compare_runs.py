@@ -1,6 +1,7 @@
 """08_compare_runs: aggregate evaluated runs into summary.csv, plots/ and report.md.
 
     python 08_compare_runs.py [--run_id run_001] [--runs DIR_OR_GLOB ...] [--out DIR] [--resamples 10000]
+                              [--across RUN/METHOD RUN/METHOD ...]
 
 --runs takes run directories or globs (outputs/run_00*); each may hold seed_<s>/ subdirectories.
 Default: this run's directory, outputs/<run_id>. Reads every 07_evaluate/<checkpoint>/ (metrics.json,
@@ -13,7 +14,11 @@ outputs/<run_id>/08_compare_runs/ (or --out):
   the item bootstrap at one: utils/eval/stats.py), and the config values that differ between
   methods and between runs;
 - the manifest.
-The logic lives in utils/eval/compare.py (collecting) and utils/eval/report.py (writing).
+--across pairs two checkpoints that no single run holds together (a run is named by its folder under
+outputs/, or outside it by its own folder; e.g. `--runs outputs/study outputs/early --across
+early/red study/grpo`): tested the same way, in a family of their own.
+The logic lives in utils/eval/compare.py (collecting), utils/eval/paired.py (the tests) and
+utils/eval/report.py (writing).
 """
 import sys
 
@@ -24,7 +29,8 @@ from utils.core.stages import StageError, run_main, stage_dir
 from utils.eval.compare import (DEFAULT_RESAMPLES, compare_settings, find_run_dirs, load_evaluation, load_trainings, resolve_sources,
                                 source_files)
 from utils.eval.frames import summary_csv
-from utils.eval.report import comparisons, plot_all, render_report
+from utils.eval.paired import across_runs, comparisons
+from utils.eval.report import plot_all, render_report
 
 STAGE = "08_compare_runs"
 
@@ -34,12 +40,14 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", nargs="*", default=[], help="run directories or globs (default: this run)")
     ap.add_argument("--out", default=None, help="output directory (default: outputs/<run_id>/08_compare_runs)")
     ap.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="item bootstrap resamples")
+    ap.add_argument("--across", nargs=2, action="append", default=[], metavar=("RUN/METHOD", "RUN/METHOD"),
+                    help="also test this pair of checkpoints from two runs (repeatable), e.g. early/red study/grpo")
     cfg, args = parse_stage_args(__doc__, argv, parser=ap)
     if args.resamples < 100:
         raise StageError(f"--resamples {args.resamples}: use at least 100")
     out = repo_path(args.out) if args.out else stage_dir(cfg, STAGE)
     sources = resolve_sources(cfg, args.runs)
-    settings = compare_settings(cfg, args.runs, args.resamples)
+    settings = compare_settings(cfg, args.runs, args.resamples, args.across)
     outputs = repo_path(cfg.outputs_dir)
     with StageRun(STAGE, out, settings, cfg.seed) as run:
         run_dirs = find_run_dirs(sources)
@@ -50,9 +58,11 @@ def main(argv=None) -> int:
                              "run 07_evaluate.py (or 09_driver.py) first")
         for p in source_files(evals, trainings):
             run.add_input(p)
+        # the tests first: a bad --across pair stops the stage before it writes anything
+        tests = comparisons(evals, args.resamples, cfg.seed) + across_runs(evals, [tuple(p) for p in args.across],
+                                                                          args.resamples, cfg.seed)
         atomic_write_text(out / "summary.csv", summary_csv(evals))
         plots = plot_all(evals, trainings, out / "plots")
-        tests = comparisons(evals, args.resamples, cfg.seed)
         atomic_write_text(out / "report.md", render_report(evals, trainings, tests, plots, sources, args.resamples))
         for name in ["summary.csv", "report.md"] + [f"plots/{p}" for p in plots]:
             run.add_output(out / name)

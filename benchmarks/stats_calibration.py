@@ -9,7 +9,7 @@ accuracy p ~ Beta(3.5, 1.5) (mean 0.7, like the embedded default's warmup); meth
 uniform u < p, method a when u' < p + δ_s, where u' is u itself with probability `agree` (two
 checkpoints of one warmup agree on most items) and a fresh draw otherwise. δ_s, the seed's own true
 difference, is drawn from N(effect, spread²): `spread` is how much training seeds disagree. The
-studies go through `utils.eval.report.comparisons`, the code 08 runs, as evaluations of `red` and
+studies go through `utils.eval.paired.comparisons`, the code 08 runs, as evaluations of `red` and
 `grpo`; a rejection is any verdict but "no evidence either way" (Holm over one comparison is the
 identity). With several seeds the verdict does not use the bootstrap, so it runs 200 resamples.
 
@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from utils.eval.compare import Evaluation  # noqa: E402
-from utils.eval.report import comparisons  # noqa: E402
+from utils.eval.paired import comparisons  # noqa: E402
 
 
 def simulate(rng, seeds: int, items: int, effect: float, spread: float, agree: float) -> list[Evaluation]:

@@ -242,7 +242,7 @@ def test_the_positive_control_is_tested_alone_whatever_else_ran():
     from pathlib import Path
 
     from utils.eval.compare import Evaluation
-    from utils.eval.report import comparisons
+    from utils.eval.paired import comparisons
 
     def evals(methods):
         out = []
@@ -291,3 +291,38 @@ def test_run_label_pools_seed_folders_inside_and_outside_outputs(tmp_path):
     assert run_label(other / "seed_3", outputs) == ("study", 3)
     assert run_label(other, outputs) == ("study", None)
     assert run_label(tmp_path / "seed_x", outputs) == ("seed_x", None)
+
+
+def test_pairs_across_runs_are_tested_as_their_own_family(tmp_path):
+    """--across: a checkpoint of one run against one of another, on the (seed, item) pairs both
+    evaluated. Here "early/red" loses 0.10 / 0.12 / 0.14 to "study/grpo" on 100 items per seed (the
+    control's figures above, sign flipped: p 0.0092); an unknown label or two primary metrics are refused."""
+    from utils.eval.compare import CompareError, Evaluation
+    from utils.eval.paired import across_runs
+    from utils.eval.report import render_report
+
+    evals = []
+    for seed, gap in ((1, 10), (2, 12), (3, 14)):
+        for run, method, right in (("early", "red", 50), ("study", "grpo", 50 + gap), ("study", "red", 50)):
+            scores = {f"q{i:03d}": float(i < right) for i in range(100)}
+            metrics = {"n": 100, "accuracy": right / 100, "accuracy_ci95": [0.4, 0.7], "format": 1.0, "answered": 1.0}
+            evals.append(Evaluation(run, seed, method, tmp_path, metrics, scores, {}))
+    tests = across_runs(evals, [("early/red", "study/grpo"), ("early/red", "study/red")], resamples=200, seed=0)
+    assert [(t["family"], t["run"], t["a"], t["b"]) for t in tests] == [("across", "across", "early/red", "study/grpo"),
+                                                                        ("across", "across", "early/red", "study/red")]
+    lose, level = tests
+    assert lose["diff"] == pytest.approx(-0.12) and lose["seeds"] == 3 and lose["n"] == 300
+    assert lose["p_value"] == pytest.approx(0.0092, abs=5e-4) and lose["verdict"] == "worse"
+    assert level["diff"] == 0.0 and level["verdict"] == "no evidence either way"
+    report = render_report(evals, [], tests, [], [], 200)
+    assert "## Paired across runs (named with --across)" in report and "| across | early/red − study/grpo | 3 | 300 |" in report
+    assert "among the pairs across runs" in report
+    assert "## Paired across runs" not in render_report(evals, [], [], [], [], 200)  # no pair named: no section
+    with pytest.raises(CompareError, match="no evaluation labelled early/grpo; have: early/red, study/grpo, study/red"):
+        across_runs(evals, [("early/grpo", "study/grpo")], resamples=200, seed=0)
+    other = [Evaluation("other", 9, "red", tmp_path, {}, {"q000": 1.0}, {})]
+    with pytest.raises(CompareError, match="no .seed, test item. pair evaluated by both"):
+        across_runs(evals + other, [("other/red", "study/grpo")], resamples=200, seed=0)
+    sampled = [Evaluation("s", 1, "red", tmp_path, {"samples": 4}, {"q000": 1.0}, {}, primary="mean_at_k")]
+    with pytest.raises(CompareError, match="different primary metrics"):
+        across_runs(evals + sampled, [("s/red", "study/grpo")], resamples=200, seed=0)

@@ -92,7 +92,7 @@ def across_seeds(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def tests(found: list[dict]) -> pd.DataFrame:
-    """The paired tests (report.comparisons), one row each, cells as computed (None stays None)."""
+    """The paired tests (utils/eval/paired.py), one row each, cells as computed (None stays None)."""
     columns = list(dict.fromkeys(k for t in found for k in t)) or ["run", "family", "a", "b"]
     return pd.DataFrame([[t.get(c) for c in columns] for t in found], columns=columns, dtype=object)
 

@@ -7,18 +7,16 @@ ones in each evaluation's metrics.json (tests/test_compare.py checks that).
 from __future__ import annotations
 
 import io
-from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
 
 from utils.core.manifest import atomic_write_bytes, rel
-from utils.core.methods import CONTROL, METHODS, SFT_WARMUP
-from utils.eval.compare import PHASES, CompareError, Evaluation, Training, config_diff, fmt, curve_label, method_key
+from utils.core.methods import CONTROL, SFT_WARMUP
+from utils.eval.compare import PHASES, Evaluation, Training, config_diff, fmt, curve_label, method_key
 from utils.eval import frames
 from utils.eval.frames import across_seeds, ci, evaluations, markdown, sampled, select
 from utils.eval.mechanism import mechanism_section, plot_mechanism
-from utils.eval.stats import holm, paired_test, verdict
 
 
 # ---------------------------------------------------------------------------------------- plots
@@ -113,50 +111,6 @@ def _plot_phases(plt, evals, trainings, many_runs):
 
 
 # --------------------------------------------------------------------------------------- report
-
-
-def comparisons(evals: list[Evaluation], resamples: int, seed: int) -> list[dict]:
-    """Three families of paired tests per run, each Holm-adjusted on its own: the positive control
-    (`family` "control": CONTROL − sft_warmup, alone, so that adding an arm cannot change whether the
-    setup detected the effect it must detect), red against every other checkpoint ("red"), and every
-    other trained method against the SFT warmup it started from ("warmup": did training improve on
-    its start?). Each is `paired_test` (utils/eval/stats.py) of a − b on items paired by (seed,
-    item), with a verdict."""
-    by_run = defaultdict(lambda: defaultdict(dict))
-    primaries = defaultdict(set)
-    for e in evals:
-        by_run[e.run][e.method].update({(e.seed, q): s for q, s in e.scores.items()})
-        primaries[e.run].add((e.primary, e.metrics.get("samples"), e.metrics.get("sample_temperature")))
-    for run, found in primaries.items():
-        if len(found) > 1:
-            raise CompareError(f"run {run}: its evaluations declare different primary metrics "
-                               f"{sorted(found, key=str)} (eval.primary, eval.samples, algorithm.rl.temperature); "
-                               "re-evaluate them with one setting")
-    out = []
-    for run, methods in sorted(by_run.items()):
-        ordered = sorted(methods, key=method_key)
-        warm = SFT_WARMUP in methods
-        pairs = {"control": [(CONTROL, SFT_WARMUP)] if warm and CONTROL in methods else [],
-                 "red": [("red", m) for m in ordered if m != "red"] if "red" in methods else [],
-                 "warmup": [(m, SFT_WARMUP) for m in ordered if m in METHODS and m != CONTROL] if warm else []}
-        boot: dict[tuple[str, str], dict] = {}  # red − sft_warmup is in both families: resample it once
-        for name, family in pairs.items():
-            for a, b in family:
-                if (a, b) not in boot:
-                    boot[(a, b)] = paired_test(methods[a], methods[b], resamples, seed)
-            out += _family(run, name, family, boot)
-    return out
-
-
-def _family(run: str, name: str, pairs: list[tuple[str, str]], boot: dict) -> list[dict]:
-    """One family's tests from their bootstraps, Holm-adjusted within the family, with verdicts."""
-    tests = [{"run": run, "family": name, "a": a, "b": b, **boot[(a, b)]} for a, b in pairs]
-    tested = [t for t in tests if t["p_value"] is not None]
-    for t, p in zip(tested, holm([t["p_value"] for t in tested])):
-        t["p_holm"] = p
-    for t in tests:
-        t["verdict"] = verdict(t["diff"], t.get("p_holm"))
-    return tests
 
 
 def render_report(evals: list[Evaluation], trainings: list[Training], tests: list[dict], plots: list[str],
@@ -287,8 +241,11 @@ def _paired_section(tests: list[dict], resamples: int) -> list[str]:
             ("red", "Paired comparison: red vs each other method", "No run here evaluated `red`, so there is no "
                                                                    "paired comparison."),
             ("warmup", "Did training improve on its start: each other method vs sft_warmup",
-             "No run here evaluated both `sft_warmup` and a trained method.")):
+             "No run here evaluated both `sft_warmup` and a trained method."),
+            ("across", "Paired across runs (named with --across)", None)):
         rows = df[df["family"] == family] if "family" in df else df.iloc[:0]
+        if empty is None and not len(rows):
+            continue
         lines += [f"## {title}", ""]
         if family == "control" and len(rows):
             lines += [f"{CONTROL} − {SFT_WARMUP} is the effect this setup must detect: RL on the reward from the "
@@ -346,7 +303,7 @@ def _config_section(evals: list[Evaluation], trainings: list[Training], runs: li
 
 
 _FAMILY_WORDS = {"control": ", tested alone as the positive control", "red": " among the comparisons with red",
-                 "warmup": " among the other comparisons with the warmup"}  # after "Holm-adjusted p 0.01"
+                 "warmup": " among the other comparisons with the warmup", "across": " among the pairs across runs"}  # after "Holm-adjusted p 0.01"
 
 
 def _caveats(evals: list[Evaluation], trainings: list[Training], tests: list[dict]) -> list[str]:
