@@ -174,7 +174,6 @@ def time_training(policy, cfg, n: int, lens: dict, budget_p: int, budget_e: int,
 
 
 def seed_shape(args, name: str, where: Path) -> dict:
-    import torch
     from utils.core.loader import load_run_config
     from utils.train.policy import load_policy
 
