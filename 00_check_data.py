@@ -37,11 +37,11 @@ def main(argv=None) -> int:
         rep = check_dataset(cfg.data.name, root, cfg.data.scorer)
         for path in rep.files.values():
             run.add_input(path)
-        if cfg.tool.retriever != "none" and cfg.tool.corpus != CONTEXT_CORPUS:  # the tool's corpus: checked, hashed
+        if cfg.agent.tool.retriever != "none" and cfg.agent.tool.corpus != CONTEXT_CORPUS:  # the tool's corpus: checked, hashed
             from utils.agent.retrieval import read_corpus
 
-            run.metrics["corpus_docs"] = len(read_corpus(root / cfg.tool.corpus))
-            run.add_input(root / cfg.tool.corpus)
+            run.metrics["corpus_docs"] = len(read_corpus(root / cfg.agent.tool.corpus))
+            run.add_input(root / cfg.agent.tool.corpus)
         summary = summarize(rep)
         atomic_write_json(out / "summary.json", summary)
         run.add_output(out / "summary.json")

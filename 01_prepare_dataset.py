@@ -47,7 +47,7 @@ def _fit(cfg, tok, row) -> int:
         return 0
     t = cfg.model.templates
     budget = cfg.data.context_max_tokens or (
-        cfg.model.engine.max_model_len - cfg.model.max_new_tokens_planner
+        cfg.model.engine.max_model_len - cfg.agent.max_new_tokens_planner
         - len(tok.encode(render_planner(t, row.question, "x", tok if t.use_chat_template else None))))
     if budget <= 0:
         raise StageError(f"row {row.id}: the planner prompt leaves no room for its context within "
@@ -64,7 +64,7 @@ def _build_index(cfg, run, out, corpus) -> None:
 
     tmp, final = out / "index.tmp", out / "index"
     shutil.rmtree(tmp, ignore_errors=True)
-    info = build_index(cfg.tool.retriever, corpus, tmp, embedding_model=cfg.tool.embedding_model)
+    info = build_index(cfg.agent.tool.retriever, corpus, tmp, embedding_model=cfg.agent.tool.embedding_model)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     run.add_output(final)
@@ -78,10 +78,10 @@ def main(argv=None) -> int:
         _, checked = parent(run, cfg, "00_check_data")
         for path in checked["inputs"]:
             run.add_input(repo_path(path))
-        corpus = repo_path(cfg.data.path) / cfg.tool.corpus
+        corpus = repo_path(cfg.data.path) / cfg.agent.tool.corpus
         try:
             splits, stats = prepare_splits(_load_checked_raw(cfg, checked), cfg.data)
-            if cfg.tool.retriever != "none" and cfg.tool.corpus == CONTEXT_CORPUS:
+            if cfg.agent.tool.retriever != "none" and cfg.agent.tool.corpus == CONTEXT_CORPUS:
                 corpus = out / "corpus.jsonl"
                 write_jsonl(corpus, context_to_corpus(splits))
                 run.add_output(corpus)
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
             run.add_output(out / f"{split}.jsonl")
             run.metrics[f"rows_{split}"] = len(rows)
         run.metrics.update(stats)
-        if cfg.tool.retriever != "none":
+        if cfg.agent.tool.retriever != "none":
             _build_index(cfg, run, out, corpus)
     print(f"{STAGE}: wrote " + ", ".join(f"{s} {len(r)}" for s, r in splits.items()) + f" -> {out}")
     return 0

@@ -67,8 +67,8 @@ def _gold_search(cfg, run):
         return None
 
     def search(query: str) -> tuple[str, list[str]]:
-        passages = retriever.search(query, cfg.tool.top_k)
-        return render_information(cfg.tool.information, passages), [p.id for p in passages]
+        passages = retriever.search(query, cfg.agent.tool.top_k)
+        return render_information(cfg.agent.tool.information, passages), [p.id for p in passages]
     return search
 
 

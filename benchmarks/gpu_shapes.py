@@ -182,7 +182,7 @@ def seed_shape(args, name: str, where: Path) -> dict:
     dtype = cfg.model.dtype if args.device == "cuda" else "float32"
     b = SEED_BATCH
     n, sft_n = (4, 4) if args.quick else (b["questions"] * b["samples"], cfg.warmup.batch_size)
-    budget_p, budget_e = ((16, 24) if args.quick else (cfg.model.max_new_tokens_planner, cfg.model.max_new_tokens_executor))
+    budget_p, budget_e = ((16, 24) if args.quick else (cfg.agent.max_new_tokens_planner, cfg.agent.max_new_tokens_executor))
     t0 = time.time()
     params = build_random(name, QUICK_DIMS if args.quick else dims, model_type, dtype, where)
     lens = _episode_lengths(budget_p, budget_e)

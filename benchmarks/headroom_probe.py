@@ -68,17 +68,17 @@ def main() -> int:
     ap.add_argument("--split", default="val", choices=("val", "train"), help="never test: choose on val")
     ap.add_argument("--temperature", type=float, default=0.7, help="default: algorithm.rl.temperature's default")
     ap.add_argument("--samples", type=int, default=8)
-    ap.add_argument("--max_turns", type=int, default=None, help="default: the run's algorithm.rl.max_turns")
-    ap.add_argument("--max_new_tokens_planner", type=int, default=None, help="default: the run's model setting")
+    ap.add_argument("--max_turns", type=int, default=None, help="default: the run's agent.max_turns")
+    ap.add_argument("--max_new_tokens_planner", type=int, default=None, help="default: the run's agent.max_new_tokens_planner")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
     cfg = run_config(args.run)
     if args.max_turns is not None:
-        cfg.algorithm.rl.max_turns = args.max_turns
+        cfg.agent.max_turns = args.max_turns
     if args.max_new_tokens_planner is not None:
-        cfg.model.max_new_tokens_planner = args.max_new_tokens_planner
+        cfg.agent.max_new_tokens_planner = args.max_new_tokens_planner
     adapter = args.adapter or args.run / "04_sft_warmup" / "ckpt_sft" / "best"
     rows = [r for _, r in read_records(args.run / "01_prepare_dataset" / f"{args.split}.jsonl")]
     spec = read_spec(args.run / "02_build_rewards" / "reward_spec.yaml")

@@ -111,7 +111,7 @@ def test_metrics_and_infer_read_the_parts(base_dir):
 def test_the_trace_stage_writes_the_mode(prepared):  # noqa: F811 - the fixture
     out, args = prepared
     ac = ["--set", "model.templates.thinking=actor_critic", "--set", "traces.critic_error_rate=0.5",
-          "--set", "model.max_new_tokens_planner=160", "--set", "model.max_new_tokens_executor=96"]
+          "--set", "agent.max_new_tokens_planner=160", "--set", "agent.max_new_tokens_executor=96"]
     assert run_stage("03_generate_sft_traces", out, *args, *ac) == 0
     recs = [json.loads(x) for x in (out / "t" / "03_generate_sft_traces" / "sft_traces.jsonl").read_text().splitlines()]
     thinks = [extract_tag(t, THINK) for r in recs for t in r["planner_turns"]]

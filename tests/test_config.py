@@ -314,3 +314,29 @@ def test_help_config_names_the_layer_that_set_each_value(capsys):
     with pytest.raises(SystemExit):
         parse_stage_args("t", ["--help-config"])
     assert "algorithm.rl.lr = 0.0004 (from configs/regimes/imperfect_teacher.yaml; default 0.0001)" in capsys.readouterr().out
+
+
+def test_the_agent_section_holds_the_episode_settings_and_names_where_old_keys_went(tmp_path):
+    from utils.core.stages import CONFIG_KEYS, stage_config
+
+    cfg = load_run_config(overrides=["agent.max_turns=6"])
+    assert (cfg.agent.max_turns, cfg.agent.max_new_tokens_planner, cfg.agent.max_new_tokens_executor) == (6, 64, 48)
+    assert load_run_config(data="synthetic_lookup").agent.tool.retriever == "bm25"  # a data tier's run: section
+    for old, new in (("algorithm.rl.max_turns=3", "agent.max_turns"),
+                     ("model.max_new_tokens_planner=9", "agent.max_new_tokens_planner"), ("tool.top_k=3", "agent.tool")):
+        with pytest.raises(ConfigError, match=f"it moved to '{new}'"):
+            load_run_config(overrides=[old])
+    old_yaml = tmp_path / "old.yaml"
+    old_yaml.write_text("algorithm:\n  rl:\n    max_turns: 5\n")
+    with pytest.raises(ConfigError, match="old.yaml.*unknown key 'max_turns'; it moved to 'agent.max_turns'"):
+        load_run_config(run=str(old_yaml))
+    # each stage hashes what it reads: the loop where episodes run, the tool only where it is on
+    plain, lookup = load_run_config(), load_run_config(data="synthetic_lookup")
+    loop = {"max_turns": 8, "max_new_tokens_planner": 64, "max_new_tokens_executor": 48}
+    for stage in ("03_generate_sft_traces", "04_sft_warmup", "05_train_red_grpo", "06_ablate_grpo_only", "07_evaluate"):
+        assert stage_config(plain, stage)["agent"] == loop, stage
+        assert stage_config(lookup, stage)["agent"]["tool"]["retriever"] == "bm25", stage
+    assert stage_config(plain, "01_prepare_dataset")["agent"] == {"max_new_tokens_planner": 64}
+    assert "agent" not in stage_config(plain, "00_check_data") and "agent" not in stage_config(plain, "02_build_rewards")
+    assert stage_config(lookup, "00_check_data")["agent"]["tool"]["corpus"] == "corpus.jsonl"
+    assert all("algorithm.rl.max_turns" not in keys and "tool" not in keys for keys in CONFIG_KEYS.values())

@@ -18,8 +18,8 @@ def _probe_module():
 
 
 def test_the_probe_reads_the_runs_rollout_settings_from_its_warmup_manifest(tmp_path):
-    cfg = load_run_config(overrides=["algorithm.rl.max_turns=6", "model.max_new_tokens_planner=40",
-                                     "model.max_new_tokens_executor=20", "model.engine.max_lora_rank=8"])
+    cfg = load_run_config(overrides=["agent.max_turns=6", "agent.max_new_tokens_planner=40",
+                                     "agent.max_new_tokens_executor=20", "model.engine.max_lora_rank=8"])
     (tmp_path / "04_sft_warmup").mkdir()
     (tmp_path / "04_sft_warmup" / "manifest.json").write_text(json.dumps({"config": stage_config(cfg, "04_sft_warmup")}))
     got = _probe_module().run_config(tmp_path)

@@ -17,7 +17,7 @@ def _runs(tmp_path) -> tuple:
     for name, budget in (("a", 64), ("b", 48)):  # 01 reads the planner's budget, and writes the same rows
         out = tmp_path / name
         for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards"):
-            assert run_stage(stage, out, *data, "--set", f"model.max_new_tokens_planner={budget}") == 0
+            assert run_stage(stage, out, *data, "--set", f"agent.max_new_tokens_planner={budget}") == 0
         runs.append(out / "t")
     return runs
 
@@ -27,7 +27,7 @@ def test_diff_names_the_config_key_digests_and_metrics_that_differ_and_nothing_e
     capsys.readouterr()  # the stages' own lines
     assert main([str(a), str(b)]) == 1
     out = capsys.readouterr().out
-    assert "01_prepare_dataset:\n  config.model.max_new_tokens_planner: A 64 | B 48  (B − A -16)\n" in out
+    assert "01_prepare_dataset:\n  config.agent.max_new_tokens_planner: A 64 | B 48  (B − A -16)\n" in out
     assert "02_build_rewards:\n  parents 01_prepare_dataset: A " in out  # 02's parent changed, not 02
     assert "outputs" not in out and "metrics" not in out  # the same rows under each run's own folder
     assert "00_check_data" not in out  # it reads nothing that differs: its digest, which covers the run's

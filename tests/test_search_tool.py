@@ -88,7 +88,7 @@ def test_bm25_puts_the_gold_fact_first_and_round_trips(lookup):
         assert hits[0] == doc and hits[0].render() == f"{crate}: {doc.text}"
         assert hits[1].id == f"{crate}:{'p' if attr == 'w' else 'w'}"  # the same crate's other fact
     assert retriever.search("nothing known here", 2) == []
-    with pytest.raises(QueryTooLong, match="41 characters exceeds tool.max_query_chars=40"):
+    with pytest.raises(QueryTooLong, match="41 characters exceeds agent.tool.max_query_chars=40"):
         retriever.search("x" * 41, 2)
     info = json.loads((lookup / "index" / "index.json").read_text())
     assert info["retriever"] == "bm25" and info["docs"] == len(docs) == 2 * CRATES
@@ -123,7 +123,7 @@ def test_dense_index_and_search_on_built_vectors(tmp_path):
 def test_dense_embedder_runs_on_a_local_model_and_refuses_a_missing_one(base_dir, tmp_path):
     vectors = HFEmbedder(str(base_dir))(["c417:w", "c233:p", "x"])
     assert vectors.shape == (3, 128) and np.isfinite(vectors).all()
-    with pytest.raises(FileNotFoundError, match="tool.embedding_model: no model at"):
+    with pytest.raises(FileNotFoundError, match="agent.tool.embedding_model: no model at"):
         HFEmbedder(str(tmp_path / "nowhere"))
 
 
@@ -146,7 +146,7 @@ class FixedRetriever:
     def search(self, query, k):
         self.queries.append(query)
         if len(query) > self.max_chars:
-            raise QueryTooLong(f"query of {len(query)} characters exceeds tool.max_query_chars={self.max_chars}")
+            raise QueryTooLong(f"query of {len(query)} characters exceeds agent.tool.max_query_chars={self.max_chars}")
         return self.passages[:k]
 
 
@@ -223,8 +223,8 @@ def test_search_limit_and_overlong_query(hf_base, tok):
     long_query = "<think>x</think><search>" + "c417 " * 25 + "</search>"
     ep = _tool_rollout(hf_base, tok, [long_query, SEARCHING[1], SEARCHING[2]], FixedRetriever(_passages(23)))
     assert ep.status == "answered"  # the bad query is answered with a note, not a crash
-    assert ep.searches[0]["docs"] == [] and "exceeds tool.max_query_chars=100" in ep.searches[0]["error"]
-    assert "exceeds tool.max_query_chars" in tok.decode(ep.segments[2].context_ids)
+    assert ep.searches[0]["docs"] == [] and "exceeds agent.tool.max_query_chars=100" in ep.searches[0]["error"]
+    assert "exceeds agent.tool.max_query_chars" in tok.decode(ep.segments[2].context_ids)
 
 
 # ------------------------------------------------------------------ the lookup task
@@ -313,7 +313,7 @@ def test_stages_check_the_corpus_and_hash_the_index(lookup, tmp_path, capsys):
     m0 = json.loads((out / "t" / "00_check_data" / "manifest.json").read_text())
     m1 = json.loads((out / "t" / "01_prepare_dataset" / "manifest.json").read_text())
     assert any(p.endswith("corpus.jsonl") for p in m0["inputs"]) and m0["metrics"]["corpus_docs"] == 2 * CRATES
-    assert m1["config"]["tool"]["retriever"] == "bm25" and m1["metrics"]["index_docs"] == 2 * CRATES
+    assert m1["config"]["agent"]["tool"]["retriever"] == "bm25" and m1["metrics"]["index_docs"] == 2 * CRATES
     index = out / "t" / "01_prepare_dataset" / "index"
     assert any(p.endswith("01_prepare_dataset/index") for p in m1["outputs"]) and (index / "index.json").is_file()
     assert not (out / "t" / "01_prepare_dataset" / "index.tmp").exists()

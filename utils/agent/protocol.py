@@ -7,7 +7,7 @@
     with the search tool (utils/agent/retrieval.py), an executor segment may end in a search instead:
     executor:       <think>…</think><search>query</search>
     injected:       <information>top-k passages</information>  (into that executor's context only;
-                    the template is tool.information), then the executor continues
+                    the template is agent.tool.information), then the executor continues
 
 With `model.templates.thinking: actor_critic` (the seed's procedural-thinking mode) a think block
 holds three labelled parts, in order: `actor: <first attempt> critic: <a strict check of it>

@@ -52,7 +52,7 @@ def read_corpus(path: Path) -> list[Passage]:
     """The corpus rows; errors name the file, row and field (missing or empty file, bad row, duplicate id)."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(path, None, None, "corpus file not found (tool.corpus, relative to data.path)")
+        raise DataError(path, None, None, "corpus file not found (agent.tool.corpus, relative to data.path)")
     docs, seen = [], {}
     for i, obj in read_records(path):
         pid = require(obj, "id", str, path, i)
@@ -75,7 +75,7 @@ def words(text: str) -> list[str]:
 
 def _check_query(query: str, max_chars: int) -> None:
     if len(query) > max_chars:
-        raise QueryTooLong(f"query of {len(query)} characters exceeds tool.max_query_chars={max_chars}")
+        raise QueryTooLong(f"query of {len(query)} characters exceeds agent.tool.max_query_chars={max_chars}")
 
 
 class BM25Retriever:
@@ -118,7 +118,7 @@ class HFEmbedder:
 
         path = Path(model_dir)
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"tool.embedding_model: no model at {path} (no config.json); the dense "
+            raise FileNotFoundError(f"agent.tool.embedding_model: no model at {path} (no config.json); the dense "
                                     "retriever needs a local embedding model directory")
         # an embedder that ships its own code is refused by transformers: no config turns that on
         self.tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
@@ -218,13 +218,13 @@ def render_information(template: str, passages: list[Passage]) -> str:
 
 def run_retriever(cfg, run=None):
     """The run's retriever, from the index 01_prepare_dataset built (recorded as an input of `run`);
-    None with the tool off (tool.retriever none)."""
+    None with the tool off (agent.tool.retriever none)."""
     from utils.core.stages import stage_dir
 
-    if cfg.tool.retriever == "none":
+    if cfg.agent.tool.retriever == "none":
         return None
     index = stage_dir(cfg, "01_prepare_dataset") / "index"
-    retriever = load_index(index, cfg.tool.max_query_chars)
+    retriever = load_index(index, cfg.agent.tool.max_query_chars)
     if run is not None:
         run.add_input(index)
     return retriever

@@ -56,8 +56,8 @@ class RolloutSpec:
     @classmethod
     def from_config(cls, cfg: RunConfig, temperature: float) -> "RolloutSpec":
         """The run's rollout settings (turns, budgets, context length, tool) at `temperature` (0 = greedy)."""
-        t = cfg.tool
-        return cls(cfg.algorithm.rl.max_turns, cfg.model.max_new_tokens_planner, cfg.model.max_new_tokens_executor,
+        a, t = cfg.agent, cfg.agent.tool
+        return cls(a.max_turns, a.max_new_tokens_planner, a.max_new_tokens_executor,
                    temperature, max_model_len=cfg.model.engine.max_model_len, top_k=t.top_k,
                    max_searches=t.max_searches, information=t.information)
 

@@ -153,7 +153,7 @@ def _lookups(meta_steps: list[dict], search) -> tuple[list | None, str | None]:
             out.append(None)
             continue
         if search is None:
-            return None, "the row has lookup steps and the search tool is off (tool.retriever none)"
+            return None, "the row has lookup steps and the search tool is off (agent.tool.retriever none)"
         info, docs = search(step["search"])
         if step.get("fact") and step["fact"] not in docs:
             return None, f"step {k + 1}: gold fact {step['fact']} not in the top-k for {step['search']!r}"

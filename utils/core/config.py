@@ -44,7 +44,14 @@ def field(default: Any, help: str, choices: tuple | None = None,  # noqa: A002 -
     return dataclasses.field(default=default, metadata=meta)
 
 
-def _nearest(key: str, valid: list[str]) -> str:
+# "Section.key" -> where a key that moved now lives, for the unknown-key error (filled by the schema)
+MOVED: dict[str, str] = {}
+
+
+def _nearest(key: str, valid: list[str], cls: type | None = None) -> str:
+    moved = MOVED.get(f"{cls.__name__}.{key}") if cls is not None else None
+    if moved:
+        return f"; it moved to '{moved}'"
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.0)
     return f"; did you mean '{close[0]}'?" if close else ""
 
@@ -101,7 +108,7 @@ def from_dict(cls: type, data: Any, where: str) -> Any:
     kwargs = {}
     for key, value in data.items():
         if key not in hints:
-            raise ConfigError(f"{where}: unknown key '{key}'{_nearest(str(key), list(fields))}")
+            raise ConfigError(f"{where}: unknown key '{key}'{_nearest(str(key), list(fields), cls)}")
         kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
         choices = fields[key].metadata.get("choices")
         if choices and kwargs[key] not in choices:
@@ -176,7 +183,7 @@ def apply_overrides(data: dict, overrides: list[str], cls: type) -> dict:
             if dataclasses.is_dataclass(node_cls) and part not in hints:
                 prefix = ".".join(parts[:depth])
                 raise ConfigError(f"override '{item}': unknown key '{part}'"
-                                  f"{' under ' + prefix if prefix else ''}{_nearest(part, list(hints))}")
+                                  f"{' under ' + prefix if prefix else ''}{_nearest(part, list(hints), node_cls)}")
             if depth == len(parts) - 1:
                 node[part] = value
             else:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from utils.core.choices import (DTYPES, ENGINE_NAMES, LORA_SERVING, LOSS_AGGS, ADV_SCALINGS, POLICY_LOSS_NAMES,
                                 SCORER_NAMES, ADAPTER_NAMES, RETRIEVER_NAMES, TRAIN_ROLES, INDEPENDENCE_REFS,
                                 OFFLINE_SHIFTS, THINKING_MODES, LEAKAGE_POLICIES, PRIMARY_METRICS)
-from utils.core.config import CONFIG_DIR, field
+from utils.core.config import CONFIG_DIR, MOVED, field
 
 # a method is its config file (utils/core/methods.py): the names are the files' stems, not a copy
 METHOD_NAMES = tuple(sorted(p.stem for p in (CONFIG_DIR / "algorithms").glob("*.yaml")))
@@ -95,8 +95,6 @@ class ModelConfig:
                                "H100 and one H200, docs/PERFORMANCE.md). Batches follow the policy; engines pick their device.", ("cpu", "cuda"))
     trust_remote_code: bool = field(False, "Let transformers and vLLM run Python code shipped in the model's "
                                            "directory (auto_map). Off: such a model is refused.")
-    max_new_tokens_planner: int = field(48, "Generation budget per planner turn.")
-    max_new_tokens_executor: int = field(48, "Generation budget per executor call.")
     lora: LoraConfig = field(LoraConfig(), "LoRA settings.")
     engine: EngineConfig = field(EngineConfig(), "Sampling-engine settings.")
     templates: TemplatesConfig = field(TemplatesConfig(), "Prompt templates; the tag protocol is the same everywhere.")
@@ -133,7 +131,6 @@ class RlConfig:
                                      "rounds a step (0 = off). One rank only; not with red_paper.", minimum=0)
     min_subtasks: int = field(0, "RL questions: only train rows whose gold decomposition has at least this many "
                                  "subtasks (0 = every row). SFT traces are unaffected (traces.*).", minimum=0)
-    max_turns: int = field(8, "Planner turns before the episode is forced to end (gold needs subtasks + 1).", minimum=1)
     temperature: float = field(0.7, "Rollout sampling temperature (chosen on val, docs/RESULTS.md).", minimum=0.0)
     lr: float = field(1e-4, "Learning rate (regime D's, chosen on val; imperfect_teacher sets 4e-4).", minimum=0.0)
     clip_low: float = field(0.2, "PPO clip below 1.", minimum=0.0)
@@ -315,6 +312,22 @@ class ToolConfig:
 
 
 @dataclass
+class AgentConfig:
+    """What the episode loop reads, in every stage that rolls one out (03's gold traces, 04's validation,
+    05/06's rollouts, 07): the planner's turns, each role's token budget and the executor's tool. The
+    thinking mode stays in model.templates: it changes the prompt text, which the templates render."""
+    max_turns: int = field(8, "Planner turns before the episode is forced to end (gold needs subtasks + 1).", minimum=1)
+    max_new_tokens_planner: int = field(48, "Generation budget per planner turn.", minimum=1)
+    max_new_tokens_executor: int = field(48, "Generation budget per executor call.", minimum=1)
+    tool: ToolConfig = field(ToolConfig(), "The executor's search tool (off unless agent.tool.retriever is set).")
+
+
+MOVED.update({"RlConfig.max_turns": "agent.max_turns", "ModelConfig.max_new_tokens_planner": "agent.max_new_tokens_planner",
+              "ModelConfig.max_new_tokens_executor": "agent.max_new_tokens_executor",
+              "RunConfig.tool": "agent.tool"})  # 2026-11-27 (issue 48): the episode's settings in one section
+
+
+@dataclass
 class RunConfig:
     run_id: str = field("run_001", "Outputs go to outputs/<run_id>/.")
     seed: int = field(1, "Seed for every random choice in the run.")
@@ -331,5 +344,5 @@ class RunConfig:
     reward: RewardConfig = field(RewardConfig(), "Reward spec written by 02_build_rewards.")
     traces: TracesConfig = field(TracesConfig(), "SFT traces written by 03_generate_sft_traces.")
     warmup: WarmupConfig = field(WarmupConfig(), "LoRA SFT warmup run by 04_sft_warmup.")
-    tool: ToolConfig = field(ToolConfig(), "The executor's search tool (off unless tool.retriever is set).")
+    agent: AgentConfig = field(AgentConfig(), "The episode loop: turns, token budgets, the executor's tool.")
     eval: EvalConfig = field(EvalConfig(), "Test-split evaluation by 07_evaluate (and what 08 tests).")

@@ -9,6 +9,7 @@ one clear line on stderr and exit code 1, and SIGTERM into an orderly stop (util
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import sys
@@ -21,7 +22,7 @@ from utils.core.io import DataError
 from utils.core.lock import HOLDER_ENV, RunLocked
 from utils.core.manifest import MANIFEST_NAME, StageRun, read_manifest
 from utils.core.methods import BASE, CHECKPOINTS, METHODS, SFT_WARMUP
-from utils.core.schema import RunConfig
+from utils.core.schema import AgentConfig, RunConfig
 from utils.core.signals import (PARENT_ENV, TERMINATED_EXIT, Terminated, die_with_parent, is_spawned_child,
                                 sigterm_as_interrupt)
 
@@ -30,19 +31,19 @@ if is_spawned_child():  # this module runs in vLLM's engine core too (spawn re-i
 
 # stage -> the config keys it reads (08's settings are the evaluations it finds: utils/eval/compare.py)
 CONFIG_KEYS: dict[str, tuple[str, ...]] = {
-    "00_check_data": ("data",),
+    "00_check_data": ("data", "agent.tool"),
     "01_prepare_dataset": ("data", "model.templates", "model.path", "model.trust_remote_code",
-                           "model.engine.max_model_len", "model.max_new_tokens_planner", "tool"),
+                           "model.engine.max_model_len", "agent.max_new_tokens_planner", "agent.tool"),
     "02_build_rewards": ("data.scorer", "reward"),
     "03_generate_sft_traces": ("traces", "model.path", "model.trust_remote_code", "model.templates", "model.engine",
-                               "model.max_new_tokens_planner", "model.max_new_tokens_executor",
-                               "algorithm.rl.max_turns", "seed", "tool"),
-    "04_sft_warmup": ("model", "warmup", "algorithm.rl.max_turns", "seed", "threads", "tool"),
-    "05_train_red_grpo": ("model", "algorithm", "seed", "threads", "tool"),
-    "06_ablate_grpo_only": ("model", "algorithm", "seed", "threads", "tool"),
-    "07_evaluate": ("model", "algorithm.rl.max_turns", "seed", "tool"),
+                               "agent", "seed"),
+    "04_sft_warmup": ("model", "warmup", "agent", "seed", "threads"),
+    "05_train_red_grpo": ("model", "algorithm", "agent", "seed", "threads"),
+    "06_ablate_grpo_only": ("model", "algorithm", "agent", "seed", "threads"),
+    "07_evaluate": ("model", "agent", "seed"),
 }
 STAGES = (*CONFIG_KEYS, "08_compare_runs")
+AGENT_LOOP = tuple(f.name for f in dataclasses.fields(AgentConfig) if f.name != "tool")  # the agent section less its tool
 # a full disk or quota, a read-only or forbidden folder: the user's to fix, reported in one line
 DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
@@ -137,12 +138,13 @@ def model_dir(cfg: RunConfig, path: str | None = None) -> Path:
 
 def stage_config(cfg: RunConfig, stage: str) -> dict:
     """The slice of the config that `stage` reads: what its manifest records and hashes. Without
-    the search tool (tool.retriever none) the `tool` section is left out, so a run without it
-    hashes as it did before the tool existed; so is 07's `eval` section while it asks for greedy
-    accuracy alone."""
+    the search tool (agent.tool.retriever none) `agent.tool` is left out, since no stage reads it
+    then; so is 07's `eval` section while it asks for greedy accuracy alone."""
     keys = CONFIG_KEYS[stage]
-    if cfg.tool.retriever == "none":
-        keys = tuple(k for k in keys if k != "tool")
+    if cfg.agent.tool.retriever == "none":
+        keys = tuple(k for k in keys if k != "agent.tool")
+        if "agent" in keys:
+            keys = tuple(k for k in keys if k != "agent") + tuple(f"agent.{f}" for f in AGENT_LOOP)
     if stage == "07_evaluate" and (cfg.eval.samples or cfg.eval.primary != "greedy"):
         keys += ("eval", "algorithm.rl.temperature")
     return config_slice(cfg, keys)

@@ -89,7 +89,7 @@ def prepare_splits(raw: dict[str, list[Row]], cfg: DataConfig) -> tuple[dict[str
     return splits, stats
 
 
-CONTEXT_CORPUS = "@context"  # tool.corpus: the rows' own context paragraphs become the search corpus
+CONTEXT_CORPUS = "@context"  # agent.tool.corpus: the rows' own context paragraphs become the search corpus
 
 
 def context_to_corpus(splits: dict[str, list[Row]]) -> list[dict]:
@@ -111,5 +111,5 @@ def context_to_corpus(splits: dict[str, list[Row]]) -> list[dict]:
                     step.update(search=step["task"], fact=title)
                 row.meta["facts"] = list(hops)
     if not corpus:
-        raise PrepareError(f"tool.corpus={CONTEXT_CORPUS}: no row has a context line 'title: text' to search")
+        raise PrepareError(f"agent.tool.corpus={CONTEXT_CORPUS}: no row has a context line 'title: text' to search")
     return list(corpus.values())
