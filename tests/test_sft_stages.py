@@ -222,14 +222,18 @@ def _losses(stage_out: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in rows]
 
 
-def test_killed_sft_run_resumes_without_lost_or_repeated_steps(prepared, tmp_path):
+def test_killed_sft_run_resumes_without_lost_or_repeated_steps(prepared, tmp_path, monkeypatch):
     out, args = prepared
     assert run_stage("03_generate_sft_traces", out, *args) == 0
     # an uninterrupted reference run in a second run id
     import shutil
     shutil.copytree(out / "t", out / "ref")
+    # the two runs compare bit for bit, so neither may take a load-dependent path: one thread, and
+    # MKL's reproducible mode (without it, a loaded CI box once gave step 1 losses 6e-6 apart)
+    monkeypatch.setenv("MKL_CBWR", "AUTO,STRICT")
+    monkeypatch.setenv("MKL_DYNAMIC", "FALSE")
     cmd = [sys.executable, "04_sft_warmup.py", "--set", f"outputs_dir={out}", *args,
-           *sft_args(["--set", "warmup.steps=30"])]
+           *sft_args(["--set", "warmup.steps=30", "--set", "threads=1"])]
     assert subprocess.run(cmd + ["--run_id", "ref"], cwd=ROOT, capture_output=True).returncode == 0
     reference = _losses(out / "ref" / "04_sft_warmup")
     # the interrupted run: SIGKILL once step 7 is logged (checkpoint at 6), then run again
