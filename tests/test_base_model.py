@@ -116,9 +116,9 @@ def test_build_cli_records_its_overrides_and_device(tmp_path):
     m = read_manifest(out)
     assert (m["recipe"]["seq_len"], m["recipe"]["reduction_max_ops"], m["recipe"]["steps"]) == (200, 6, 2)
     assert m["device"] == "cpu" and verify_base(out) == []
-    with pytest.raises(SystemExit, match="expected KEY=VALUE"):
+    with pytest.raises(SystemExit, match="override 'seq_len': expected key=value"):
         main(["--out", str(tmp_path / "bad"), "--set", "seq_len"])
-    with pytest.raises(Exception, match="unknown key 'seq_length'"):
+    with pytest.raises(SystemExit, match="unknown key 'seq_length'"):
         main(["--out", str(tmp_path / "bad"), "--steps", "1", "--set", "seq_length=200"])
     assert not (tmp_path / "bad").exists()
 

@@ -9,7 +9,6 @@ one clear line on stderr and exit code 1, and SIGTERM into an orderly stop (util
 """
 from __future__ import annotations
 
-import dataclasses
 import errno
 import os
 import sys
@@ -22,7 +21,7 @@ from utils.core.io import DataError
 from utils.core.lock import HOLDER_ENV, RunLocked
 from utils.core.manifest import MANIFEST_NAME, StageRun, read_manifest
 from utils.core.methods import BASE, CHECKPOINTS, METHODS, SFT_WARMUP
-from utils.core.schema import AgentConfig, RunConfig
+from utils.core.schema import RunConfig
 from utils.core.signals import (PARENT_ENV, TERMINATED_EXIT, Terminated, die_with_parent, is_spawned_child,
                                 sigterm_as_interrupt)
 
@@ -43,7 +42,6 @@ CONFIG_KEYS: dict[str, tuple[str, ...]] = {
     "07_evaluate": ("model", "agent", "seed"),
 }
 STAGES = (*CONFIG_KEYS, "08_compare_runs")
-AGENT_LOOP = tuple(f.name for f in dataclasses.fields(AgentConfig) if f.name != "tool")  # the agent section less its tool
 # a full disk or quota, a read-only or forbidden folder: the user's to fix, reported in one line
 DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
@@ -141,13 +139,14 @@ def stage_config(cfg: RunConfig, stage: str) -> dict:
     the search tool (agent.tool.retriever none) `agent.tool` is left out, since no stage reads it
     then; so is 07's `eval` section while it asks for greedy accuracy alone."""
     keys = CONFIG_KEYS[stage]
-    if cfg.agent.tool.retriever == "none":
-        keys = tuple(k for k in keys if k != "agent.tool")
-        if "agent" in keys:
-            keys = tuple(k for k in keys if k != "agent") + tuple(f"agent.{f}" for f in AGENT_LOOP)
     if stage == "07_evaluate" and (cfg.eval.samples or cfg.eval.primary != "greedy"):
         keys += ("eval", "algorithm.rl.temperature")
-    return config_slice(cfg, keys)
+    out = config_slice(cfg, keys)
+    if cfg.agent.tool.retriever == "none" and "agent" in out:
+        out["agent"].pop("tool", None)
+        if not out["agent"]:  # 00 reads only the tool
+            del out["agent"]
+    return out
 
 
 def evaluation_settings(cfg: RunConfig, checkpoint: str, limit: int = 0) -> dict:

@@ -33,14 +33,14 @@ def comparisons(evals: list[Evaluation], resamples: int, seed: int) -> list[dict
     other trained method against the SFT warmup it started from ("warmup": did training improve on
     its start?). Each is `paired_test` (utils/eval/stats.py) of a − b on items paired by (seed,
     item), with a verdict."""
-    by_run = defaultdict(lambda: defaultdict(list))
+    by_run = defaultdict(list)
     for e in evals:
-        by_run[e.run][e.method].append(e)
-    for run, methods in by_run.items():
-        _primaries([e for found in methods.values() for e in found], f"run {run}")
-    by_run = {run: {m: _scores(found) for m, found in methods.items()} for run, methods in by_run.items()}
+        by_run[e.run].append(e)
+    for run, found in by_run.items():
+        _primaries(found, f"run {run}")
     out = []
-    for run, methods in sorted(by_run.items()):
+    for run, found in sorted(by_run.items()):
+        methods = {m: _scores([e for e in found if e.method == m]) for m in {e.method for e in found}}
         ordered = sorted(methods, key=method_key)
         warm = SFT_WARMUP in methods
         pairs = {"control": [(CONTROL, SFT_WARMUP)] if warm and CONTROL in methods else [],
@@ -66,15 +66,13 @@ def _family(run: str, name: str, pairs: list[tuple[str, str]], boot: dict) -> li
     return tests
 
 
-
-
 def across_runs(evals: list[Evaluation], pairs: list[tuple[str, str]], resamples: int, seed: int) -> list[dict]:
     """The named pairs of checkpoints across runs ("RUN/METHOD" labels, e.g. ("early/red", "study/grpo")),
     one family ("across"), on the (seed, item) pairs both evaluated; none shared is an error."""
     by_label = defaultdict(list)
     for e in evals:
         by_label[f"{e.run}/{e.method}"].append(e)
-    boot = {}
+    pairs, boot = list(dict.fromkeys(pairs)), {}  # a pair named twice is tested once
     for a, b in pairs:
         missing = [x for x in (a, b) if x not in by_label]
         if missing:
@@ -85,4 +83,4 @@ def across_runs(evals: list[Evaluation], pairs: list[tuple[str, str]], resamples
         if not set(sa) & set(sb):
             raise CompareError(f"--across {a} {b}: no (seed, test item) pair evaluated by both")
         boot[(a, b)] = paired_test(sa, sb, resamples, seed)
-    return _family("across", "across", list(dict.fromkeys(pairs)), boot)
+    return _family("across", "across", pairs, boot)

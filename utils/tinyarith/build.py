@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from utils.core.config import ROOT, from_dict, read_yaml, to_dict
+from utils.core.config import ROOT, ConfigError, apply_overrides, from_dict, read_yaml, to_dict
 from utils.core.manifest import (atomic_write_json, config_sha256, git_state, package_versions, path_sha256)
 from utils.tinyarith.model import (PretrainConfig, chain_prompts, greedy_accuracy, heldout_prompts, pretrain,
                               save_tokenizer)
@@ -62,15 +62,6 @@ def build(recipe: Path, out_dir: Path, overrides: dict | None = None, device: st
     return manifest
 
 
-def _override(text: str) -> tuple[str, object]:
-    import yaml
-
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise SystemExit(f"--set {text!r}: expected KEY=VALUE")
-    return key, yaml.safe_load(value)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", type=Path, default=DEFAULT_RECIPE, help="pretraining recipe YAML")
@@ -80,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="override a recipe field (YAML value), e.g. seq_len=384; recorded in the manifest's recipe")
     ap.add_argument("--device", default="cpu", help="torch device to pretrain on (cpu, cuda)")
     args = ap.parse_args(argv)
-    overrides = dict(_override(s) for s in args.set)
+    try:  # the stages' own KEY=VALUE parser: YAML values, unknown keys named with the nearest field
+        overrides = apply_overrides({}, args.set, PretrainConfig)
+    except ConfigError as exc:
+        raise SystemExit(f"utils.tinyarith.build: {exc}") from None
     if args.steps is not None:
         overrides["steps"] = args.steps
     m = build(args.recipe, args.out, overrides, device=args.device)

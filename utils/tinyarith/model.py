@@ -163,10 +163,15 @@ def greedy_accuracy(model, items: list[tuple[str, str]], batch: int = 128) -> fl
     return correct / max(len(items), 1)
 
 
-def _produce(cfg: PretrainConfig, queue) -> None:
+def _stream(cfg: PretrainConfig):
     rng, vocab = random.Random(cfg.seed), char_vocab()
     for _ in range(cfg.steps):
-        queue.put(tuple(t.numpy() for t in pack_batch(rng, cfg, vocab)))
+        yield pack_batch(rng, cfg, vocab)
+
+
+def _produce(cfg: PretrainConfig, queue) -> None:
+    for batch in _stream(cfg):
+        queue.put(tuple(t.numpy() for t in batch))
 
 
 def batches(cfg: PretrainConfig, device: str = "cpu", ahead: bool | None = None):
@@ -176,9 +181,7 @@ def batches(cfg: PretrainConfig, device: str = "cpu", ahead: bool | None = None)
     import torch
 
     if not (device != "cpu" if ahead is None else ahead):
-        rng, vocab = random.Random(cfg.seed), char_vocab()
-        for _ in range(cfg.steps):
-            yield pack_batch(rng, cfg, vocab)
+        yield from _stream(cfg)
         return
     import multiprocessing
 
