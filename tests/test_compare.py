@@ -326,3 +326,24 @@ def test_pairs_across_runs_are_tested_as_their_own_family(tmp_path):
     sampled = [Evaluation("s", 1, "red", tmp_path, {"samples": 4}, {"q000": 1.0}, {}, primary="mean_at_k")]
     with pytest.raises(CompareError, match="different primary metrics"):
         across_runs(evals + sampled, [("s/red", "study/grpo")], resamples=200, seed=0)
+
+
+def test_the_report_names_the_warmup_each_runs_arms_started_from(tmp_path):
+    """The caveat reads each run's 04 warmup length from 04's manifest, so a reader sees whether the
+    arms compared methods after SFT or from an early start; a run without a 04 manifest adds nothing."""
+    from utils.eval.compare import load_trainings
+    from utils.eval.report import _start_caveat
+
+    outputs = tmp_path / "outputs"
+    for run, steps in (("study", 800), ("early", 200), ("bare", None)):
+        t = outputs / run / "06_ablate_grpo_only" / "grpo"
+        t.mkdir(parents=True)
+        (t / "metrics.jsonl").write_text('{"step": 1}\n')
+        if steps:
+            (outputs / run / "04_sft_warmup").mkdir()
+            (outputs / run / "04_sft_warmup" / "manifest.json").write_text(
+                json.dumps({"stage": "04_sft_warmup", "config": {"warmup": {"steps": steps}}}))
+    trainings = load_trainings(sorted(outputs.iterdir()), outputs)
+    [line] = _start_caveat(trainings)
+    assert "(04's steps, early: 200; study: 800)" in line and "bare" not in line
+    assert _start_caveat([t for t in trainings if t.run == "bare"]) == []

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from utils.core.manifest import atomic_write_bytes, rel
+from utils.core.manifest import MANIFEST_NAME, atomic_write_bytes, read_manifest, rel
 from utils.core.methods import CONTROL, SFT_WARMUP
 from utils.eval.compare import PHASES, Evaluation, Training, config_diff, fmt, curve_label, method_key
 from utils.eval import frames
@@ -302,6 +302,24 @@ def _config_section(evals: list[Evaluation], trainings: list[Training], runs: li
     return lines
 
 
+def _start_caveat(trainings: list[Training]) -> list[str]:
+    """Where the trained arms started: each run's SFT warmup length, from its 04 manifest. The seed's own
+    claim (joint SFT+RL from early on beats SFT -> RL) needs a run from a short warmup, so the report
+    says which start it compares."""
+    steps: dict[str, set] = {}
+    for t in trainings:
+        warmup = t.directory.parent.parent / "04_sft_warmup"
+        if (warmup / MANIFEST_NAME).is_file():
+            config = read_manifest(warmup).get("config", {})
+            steps.setdefault(t.run, set()).add(config.get("warmup", {}).get("steps"))
+    if not steps:
+        return []
+    where = "; ".join(f"{run}: {', '.join(str(n) for n in sorted(v, key=str))}" for run, v in sorted(steps.items()))
+    return [f"- Every trained arm starts from its run's SFT warmup (04's steps, {where}). Arms that all start "
+            "from one warmup compare methods after SFT; the seed's claim that joint SFT+RL from early on beats "
+            "SFT → RL needs a run from a short warmup set against this one (`08_compare_runs.py --across`)."]
+
+
 _FAMILY_WORDS = {"control": ", tested alone as the positive control", "red": " among the comparisons with red",
                  "warmup": " among the other comparisons with the warmup", "across": " among the pairs across runs"}  # after "Holm-adjusted p 0.01"
 
@@ -329,6 +347,7 @@ def _caveats(evals: list[Evaluation], trainings: list[Training], tests: list[dic
     if steps:
         out.append("- Training length per method: " + ", ".join(f"{m} {n} steps" for m, n in sorted(steps.items()))
                    + ". Short runs show early dynamics, not converged performance.")
+    out += _start_caveat(trainings)
     n = {e.metrics["n"] for e in evals}
     out.append(f"- Test items per evaluation: {', '.join(str(x) for x in sorted(n))}; a gap smaller than the CI "
                "width is not evidence either way.")
