@@ -34,7 +34,7 @@ from utils.core.manifest import rel
 from utils.core.methods import METHODS, STUDY
 from utils.core.signals import TERMINATED_EXIT, Terminated, sigterm_as_interrupt
 from utils.core.stages import DISK_ERRORS, disk_error
-from utils.run.driver import REPORT, RunManifest, batches, plan, run_batch, stage_path
+from utils.run.driver import REPORT, RunManifest, plan, run_batch, run_sequential, stage_path
 
 
 def main(argv=None) -> int:
@@ -117,23 +117,9 @@ def _run(args, methods, seeds, base, root, run_root) -> int:
             log.finish("failed: see the branches above")
             return code
     else:
-        for k, seed in enumerate(seeds):
-            common = common_of(seed)
-            seed_tag = f" seed {seed}" if len(seeds) > 1 else ""
-
-            def label(step, name=None, k=k, seed_tag=seed_tag):
-                return f"[{k * len(steps) + steps.index(step) + 1}/{total}] {name or step.dir_name}{seed_tag}"
-
-            for batch in batches(steps):
-                try:
-                    code = run_batch(batch, common, args.force, label, log, seed, fork=fork)
-                except KeyboardInterrupt as exc:
-                    how = "terminated" if isinstance(exc, Terminated) else "interrupted"
-                    log.finish(f"{how} at {batch[0].dir_name}")
-                    raise
-                if code:
-                    log.finish(f"failed at {batch[0].dir_name}")
-                    return code
+        code = run_sequential(steps, seeds, common_of, args.force, log, fork=fork)
+        if code:
+            return code
     code = run_batch([REPORT], root, args.force, lambda step, name=None: f"[{total}/{total}] {name or step.dir_name}",
                      log, None, fork=fork)
     if code:

@@ -21,7 +21,7 @@ from utils.core.config import ROOT, repo_path
 from utils.core.manifest import (MANIFEST_NAME, atomic_write_json, config_sha256, manifest_digest, path_sha256, seal_state,
                                  read_manifest, rel, utc_now)
 from utils.core.methods import BASE, METHODS, SFT_WARMUP
-from utils.core.signals import run_child, run_forked
+from utils.core.signals import Terminated, run_child, run_forked
 from utils.core.stages import evaluation_settings, stage_config, stage_dir
 from utils.eval.compare import DEFAULT_RESAMPLES, compare_settings
 
@@ -228,4 +228,28 @@ def run_batch(batch: list[Step], common, force, label, log: RunManifest, seed, s
               f"resume from there", file=sys.stderr)
         return code
     print(f"{label(first, name)}: done in {seconds:.0f}s", flush=True)
+    return 0
+
+
+def run_sequential(steps: list[Step], seeds: list, common_of, force: bool, log: RunManifest, fork: bool) -> int:
+    """The sequential executor: each seed's batches in plan order, one process at a time. Returns 0, or
+    the first failed batch's exit code; a failure or an interrupt is written as the run manifest's end
+    (an interrupt is raised on). `--executor ray` runs the same plan as branches
+    (utils/run/ray_executor.py run_study). The caller runs 08 afterwards."""
+    total = len(steps) * len(seeds) + 1
+    for k, seed in enumerate(seeds):
+        seed_tag = f" seed {seed}" if len(seeds) > 1 else ""
+
+        def label(step, name=None, k=k, seed_tag=seed_tag):
+            return f"[{k * len(steps) + steps.index(step) + 1}/{total}] {name or step.dir_name}{seed_tag}"
+
+        for batch in batches(steps):
+            try:
+                code = run_batch(batch, common_of(seed), force, label, log, seed, fork=fork)
+            except KeyboardInterrupt as exc:
+                log.finish(f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'} at {batch[0].dir_name}")
+                raise
+            if code:
+                log.finish(f"failed at {batch[0].dir_name}")
+                return code
     return 0
