@@ -49,9 +49,10 @@ def _teacher(cfg, rows, spec, codec, wanted):
         episodes = ro.run(chunk, n=cfg.traces.teacher_samples, seed=cfg.seed, step=start)
         sampled += len(episodes)
         done = set()
-        for ep in episodes:  # keep the first correct episode per question
+        for ep in episodes:  # keep the first correct episode per question whose answer holds no tag fragment
             _, comps = score_answer(spec, ep.question, ep.final_answer, ep.golds, ep.format_score, 0)
-            if ep.status == "answered" and comps["answer"] == 1.0 and ep.qid not in done:
+            clean = "<" not in (ep.final_answer or "")  # `<answer>56</answer</answer>` scores 56 but teaches junk
+            if ep.status == "answered" and comps["answer"] == 1.0 and clean and ep.qid not in done:
                 trace, examples = trace_from_episode(ep)
                 if usable(trace):
                     done.add(ep.qid)

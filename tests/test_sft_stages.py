@@ -139,8 +139,9 @@ def test_teacher_keeps_the_first_correct_episode_per_question(prepared, hf_base,
 def test_teacher_traces_from_a_real_engine(prepared, protocol_adapter, capsys):
     """The same stage on the real HF engine and the quickly trained protocol adapter, which follows
     the protocol but rarely gets the arithmetic right. Whether any of its 120 sampled episodes is
-    right depends on the CPU's kernels (none on the Intel AVX-512 box, some on the AVX2 one; the
-    test above pins the counts), so both outcomes are checked: every kept trace is correct, once
+    right depends on the CPU's kernels (none on the Intel AVX-512 box, some on the AVX2 one; on the
+    AMD AVX-512 box one answered `56</answer` for 56, which `numeric` scores right and 03 now
+    refuses; the test above pins the counts), so both outcomes are checked: every kept trace is correct, once
     per question, and the rate is kept / sampled; or the stage fails naming the source, its
     manifest says failed and no traces file is left."""
     out, args = prepared
@@ -156,7 +157,7 @@ def test_teacher_traces_from_a_real_engine(prepared, protocol_adapter, capsys):
         return
     gold = {r["id"]: r["answers"][0] for r in _train_rows(out)}
     recs = _records(out)
-    assert recs and all(rec["answer"] == gold[rec["qid"]] for rec in recs)  # only correct episodes kept
+    assert recs and all(rec["answer"] == gold[rec["qid"]] for rec in recs)  # only correct, clean answers kept
     assert len({rec["qid"] for rec in recs}) == len(recs)  # one per question
     stats = json.loads((stage / "stats.json").read_text())
     assert (stats["accepted_episodes"], stats["sampled_episodes"]) == (len(recs), 120)
