@@ -307,11 +307,11 @@ def _start_caveat(trainings: list[Training]) -> list[str]:
     claim (joint SFT+RL from early on beats SFT -> RL) needs a run from a short warmup, so the report
     says which start it compares."""
     steps: dict[str, set] = {}
-    for t in trainings:
-        warmup = t.directory.parent.parent / "04_sft_warmup"
+    for seed_dir, run in {t.directory.parent.parent: t.run for t in trainings}.items():  # one 04 per seed folder
+        warmup = seed_dir / "04_sft_warmup"
         if (warmup / MANIFEST_NAME).is_file():
             config = read_manifest(warmup).get("config", {})
-            steps.setdefault(t.run, set()).add(config.get("warmup", {}).get("steps"))
+            steps.setdefault(run, set()).add(config.get("warmup", {}).get("steps"))
     if not steps:
         return []
     where = "; ".join(f"{run}: {', '.join(str(n) for n in sorted(v, key=str))}" for run, v in sorted(steps.items()))

@@ -238,14 +238,14 @@ def run_sequential(steps: list[Step], seeds: list, common_of, force: bool, log: 
     (utils/run/ray_executor.py run_study). The caller runs 08 afterwards."""
     total = len(steps) * len(seeds) + 1
     for k, seed in enumerate(seeds):
-        seed_tag = f" seed {seed}" if len(seeds) > 1 else ""
+        common, seed_tag = common_of(seed), f" seed {seed}" if len(seeds) > 1 else ""
 
         def label(step, name=None, k=k, seed_tag=seed_tag):
             return f"[{k * len(steps) + steps.index(step) + 1}/{total}] {name or step.dir_name}{seed_tag}"
 
         for batch in batches(steps):
             try:
-                code = run_batch(batch, common_of(seed), force, label, log, seed, fork=fork)
+                code = run_batch(batch, common, force, label, log, seed, fork=fork)
             except KeyboardInterrupt as exc:
                 log.finish(f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'} at {batch[0].dir_name}")
                 raise
