@@ -30,7 +30,8 @@ It writes <out>/gpu_check.json after every part and <out>/gpu_check.txt at the e
    seed's RL batch: 32 prompts x 2 samples, 2 planner turns (256 tokens each) around one executor
    call (384), contexts up to 1,024 tokens. It times the rollout on the hf engine, one RL update
    (RED-GRPO loss with its SFT term) and one SFT step, with peak memory; an update that does not
-   fit is halved until it does, and each size that ran out of memory is listed. Then Gemma-2-2B's
+   fit is halved until it does, and each size that ran out of memory is listed; a phase that fails
+   otherwise is named in `failed`, and the figures measured before it are kept. Then Gemma-2-2B's
    shape if the --budget allows, and in any case an estimate scaled from Qwen's figures by
    parameter count.
 """

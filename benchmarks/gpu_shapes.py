@@ -140,10 +140,11 @@ def _timed_steps(torch, policy, loss_fn, repeats: int = 3) -> float:
     return round(statistics.median(times[1:]), 4)
 
 
-def time_training(policy, cfg, n: int, lens: dict, budget_p: int, budget_e: int, sft_n: int) -> dict:
+def time_training(policy, cfg, n: int, lens: dict, budget_p: int, budget_e: int, sft_n: int, out: dict) -> None:
     """One RL update (RED-GRPO loss with its SFT term of algorithm.sft.batch_size conversations, as
     05's step takes it with ppo_epochs 1) on n episodes, and one SFT step (04's) on sft_n planner
-    conversations; n halves until the update fits."""
+    conversations, into `out` as each is measured (a later failure keeps the earlier figures); n
+    halves until the update fits."""
     import torch
     from utils.train.grpo import red_grpo_loss
     from utils.train.policy import policy_device, sft_batch, sft_loss
@@ -153,7 +154,7 @@ def time_training(policy, cfg, n: int, lens: dict, budget_p: int, budget_e: int,
     turns = [(SEED_BATCH["planner_prompt"], budget_p)]
     sft_examples = _examples(sft_n, lens["planner"], turns, "planner")
     term = sft_examples[:cfg.algorithm.sft.batch_size]
-    out: dict = {"oom_at_episodes": [], "update_sft_sequences": len(term)}
+    out.update(oom_at_episodes=[], update_sft_sequences=len(term))
     while n >= 1:
         try:
             gpu_reset()
@@ -168,9 +169,9 @@ def time_training(policy, cfg, n: int, lens: dict, budget_p: int, budget_e: int,
             batch = sft = None
             n //= 2
     gpu_reset()
+    out["phase"] = "sft_step"
     out["sft_step_s"] = _timed_steps(torch, policy, lambda: sft_loss(policy, sft_examples, 0))
     out.update(sft_sequences=sft_n, sft_peak_gpu_mb=peak_gpu_mb())
-    return out
 
 
 def seed_shape(args, name: str, where: Path) -> dict:
@@ -188,9 +189,16 @@ def seed_shape(args, name: str, where: Path) -> dict:
     lens = _episode_lengths(budget_p, budget_e)
     out = {"params": params, "dtype": dtype, "lora": {"rank": cfg.model.lora.rank, "targets": list(cfg.model.lora.target_modules)},
            "episodes": n, "budgets": [budget_p, budget_e, budget_p], "lengths": lens, "build_s": round(time.time() - t0, 1)}
-    out["rollout"] = time_rollout(where / name, dtype, n, budget_p, budget_e)
-    policy = load_policy(where / name, cfg.model.lora, dtype, device=args.device)
-    out.update(time_training(policy, cfg, n, lens, budget_p, budget_e, sft_n))
+    policy = None
+    try:  # a phase that fails (out of memory, say) is named, and the figures before it are kept
+        out["phase"] = "rollout"
+        out["rollout"] = time_rollout(where / name, dtype, n, budget_p, budget_e)
+        out["phase"] = "update"
+        policy = load_policy(where / name, cfg.model.lora, dtype, device=args.device)
+        time_training(policy, cfg, n, lens, budget_p, budget_e, sft_n, out)
+        del out["phase"]
+    except Exception as exc:  # noqa: BLE001 - recorded; the check goes on with its other parts
+        out["failed"] = f"{out.pop('phase')}: {type(exc).__name__}: {exc}"[:2000]
     del policy
     gpu_reset()
     shutil.rmtree(where / name, ignore_errors=True)
