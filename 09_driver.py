@@ -32,9 +32,9 @@ import time
 from utils.core.lock import HOLDER_ENV, RunLock, RunLocked
 from utils.core.manifest import rel
 from utils.core.methods import METHODS, STUDY
-from utils.core.signals import TERMINATED_EXIT, Terminated, sigterm_as_interrupt
+from utils.core.signals import TERMINATED_EXIT, Terminated, sigterm_as_interrupt, stop_word
 from utils.core.stages import DISK_ERRORS, disk_error
-from utils.run.driver import REPORT, RunManifest, plan, run_batch, run_sequential, stage_path
+from utils.run.driver import REPORT, RunManifest, plan, run_batch, run_sequential, stage_count, stage_path
 
 
 def main(argv=None) -> int:
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
         print(f"09_driver: error: {disk_error(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the running stage was stopped with SIGTERM first
-        print(f"09_driver: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}; the running stage "
+        print(f"09_driver: {stop_word(exc)}; the running stage "
               "stopped with it; run the same command again to resume", file=sys.stderr)
         return TERMINATED_EXIT if isinstance(exc, Terminated) else 130
     finally:
@@ -98,7 +98,7 @@ def _run(args, methods, seeds, base, root, run_root) -> int:
     log = RunManifest(run_root / "run_manifest.json", args.run_id, methods, seeds, sys.argv[1:], root)
     log.write()
     steps = plan(methods)
-    total, fork = len(steps) * len(seeds) + 1, args.launch == "fork" and args.executor == "sequential"
+    total, fork = stage_count(steps, seeds), args.launch == "fork" and args.executor == "sequential"
 
     def common_of(seed):
         common = base + ["--run_id", args.run_id if seed is None or len(seeds) == 1 else f"{args.run_id}/seed_{seed}"]
@@ -111,7 +111,7 @@ def _run(args, methods, seeds, base, root, run_root) -> int:
             code = run_study(steps, seeds, common_of, run_root, args.force, log, address=args.ray_address,
                              cpus=args.ray_cpus, branch_cpus=args.branch_cpus, branch_gpus=args.branch_gpus)
         except KeyboardInterrupt as exc:
-            log.finish(f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'} (ray)")
+            log.finish(f"{stop_word(exc)} (ray)")
             raise
         if code:
             log.finish("failed: see the branches above")

@@ -37,6 +37,11 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the main thread is, so that every `finally` and `with` runs."""
 
 
+def stop_word(exc: KeyboardInterrupt) -> str:
+    """How a run stopped by `exc` says so: 'terminated' (SIGTERM, as `Terminated`) or 'interrupted' (Ctrl-C)."""
+    return "terminated" if isinstance(exc, Terminated) else "interrupted"
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt():
     """In the block, the first SIGINT raises KeyboardInterrupt and the first SIGTERM `Terminated`;

@@ -21,7 +21,7 @@ from utils.core.config import ROOT, repo_path
 from utils.core.manifest import (MANIFEST_NAME, atomic_write_json, config_sha256, manifest_digest, path_sha256, seal_state,
                                  read_manifest, rel, utc_now)
 from utils.core.methods import BASE, METHODS, SFT_WARMUP
-from utils.core.signals import Terminated, run_child, run_forked
+from utils.core.signals import run_child, run_forked, stop_word
 from utils.core.stages import evaluation_settings, stage_config, stage_dir
 from utils.eval.compare import DEFAULT_RESAMPLES, compare_settings
 
@@ -231,12 +231,17 @@ def run_batch(batch: list[Step], common, force, label, log: RunManifest, seed, s
     return 0
 
 
+def stage_count(steps: list[Step], seeds: list) -> int:
+    """The stages a driver run numbers in its labels: every step for every seed, then 08 (the last)."""
+    return len(steps) * len(seeds) + 1
+
+
 def run_sequential(steps: list[Step], seeds: list, common_of, force: bool, log: RunManifest, fork: bool) -> int:
     """The sequential executor: each seed's batches in plan order, one process at a time. Returns 0, or
     the first failed batch's exit code; a failure or an interrupt is written as the run manifest's end
     (an interrupt is raised on). `--executor ray` runs the same plan as branches
     (utils/run/ray_executor.py run_study). The caller runs 08 afterwards."""
-    total = len(steps) * len(seeds) + 1
+    total = stage_count(steps, seeds)
     for k, seed in enumerate(seeds):
         common, seed_tag = common_of(seed), f" seed {seed}" if len(seeds) > 1 else ""
 
@@ -247,7 +252,7 @@ def run_sequential(steps: list[Step], seeds: list, common_of, force: bool, log: 
             try:
                 code = run_batch(batch, common, force, label, log, seed, fork=fork)
             except KeyboardInterrupt as exc:
-                log.finish(f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'} at {batch[0].dir_name}")
+                log.finish(f"{stop_word(exc)} at {batch[0].dir_name}")
                 raise
             if code:
                 log.finish(f"failed at {batch[0].dir_name}")
