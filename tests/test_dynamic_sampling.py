@@ -58,6 +58,7 @@ def test_dropped_groups_are_refilled_up_to_the_cap(hf_base, base_dir, tmp_path, 
     rows, episodes = trainer.last_rollout
     assert [r["id"] for r in rows] == [q["id"] for q in kept]  # only groups with a signal, in stream order
     assert metrics["train/kept_groups"] == len(kept) and metrics["train/sampling_rounds"] == used <= rounds + 1
+    assert 0 < metrics["time/rollout_refill"] < metrics["time/rollout"]  # the extra rounds, inside the rollout
     assert metrics["train/dropped_groups"] == len(seen) - len(kept)
     assert len(episodes) == 4 * len(kept) and metrics["train/zero_variance_groups"] == 0
     # accuracy is over every sampled episode: one right of 4 in each mixed group seen

@@ -261,7 +261,7 @@ class GrpoTrainer:
         if not rl.dynamic_sampling:
             return rows, episodes, scored, {}
         kept: list[tuple] = []
-        seen, dropped, rounds = [], 0, 0
+        seen, dropped, rounds, refill = [], 0, 0, 0.0
         while True:
             seen += scored
             for g, row in enumerate(rows):
@@ -276,9 +276,11 @@ class GrpoTrainer:
             if len(kept) >= rl.questions_per_step or rounds == rl.dynamic_sampling:
                 break
             rounds += 1
+            t0 = time.time()
             rows = take(self.rows, rl.questions_per_step - len(kept), f"{seed}/q", self.state.questions)
             episodes = self.rollout.run(rows, n=n, seed=seed, step=step, first=rounds * rl.questions_per_step * n)
             scored = score_episodes(episodes, self.spec)
+            refill += time.time() - t0
         if not kept:
             raise StageError(f"step {step + 1}: every group of {len(seen) // n} questions had equal answer scores "
                              f"(all right or all wrong) after {rounds} extra sampling rounds "
@@ -287,7 +289,7 @@ class GrpoTrainer:
         kept = kept[:rl.questions_per_step]
         return ([r for r, _, _ in kept], [e for _, eps, _ in kept for e in eps], [s for _, _, sc in kept for s in sc],
                 {"accuracy": batch_accuracy(seen), "train/dropped_groups": dropped, "train/sampling_rounds": rounds + 1,
-                 "train/kept_groups": len(kept)})
+                 "train/kept_groups": len(kept), "time/rollout_refill": refill})
 
     def close(self) -> None:
         """Shut the sampling engine and, with a judge PRM, the judge's."""
