@@ -109,3 +109,51 @@ def test_dynamic_sampling_is_refused_on_several_ranks(tmp_path):
                                          r"set algorithm.rl.dynamic_sampling=0"):
         GrpoTrainer(_cfg(2), torch.nn.Linear(1, 1), None, None, None, [], [], 0, tmp_path, None, "sha",
                     world=World(rank=0, size=2))
+
+
+def _expected_stream(trainer, rounds: int, mixed: set[str]):
+    """What a streamed refill draws: the first 4 questions, then one more for each dropped group, in
+    the order the groups end (here all of a poll's groups end together, in draw order), until 4 x
+    rounds replacements are made."""
+    cursor = copy.deepcopy(trainer.state.questions)
+    drawn = take(trainer.rows, 4, f"{trainer.cfg.seed}/q", cursor)
+    i = 0
+    while i < len(drawn):
+        if drawn[i]["question"] not in mixed and len(drawn) - 4 < 4 * rounds:
+            drawn += take(trainer.rows, 1, f"{trainer.cfg.seed}/q", cursor)
+        i += 1
+    return [q for q in drawn if q["question"] in mixed], drawn, cursor
+
+
+@pytest.mark.parametrize("rounds", [1, 6])
+def test_a_streamed_refill_replaces_each_dropped_group_up_to_its_budget(hf_base, base_dir, tmp_path, rounds):
+    cfg = _cfg(rounds)
+    cfg.algorithm.rl.refill = "stream"
+    trainer = make_trainer(cfg, None, None, tmp_path, base_dir)
+    mixed = {r["question"] for i, r in enumerate(trainer.rows) if i % 3 == 0}
+    trainer.engine = trainer.rollout.engine = _engine(hf_base, base_dir, trainer.rows, mixed)
+    kept, drawn, cursor = _expected_stream(trainer, rounds, mixed)
+    assert len(drawn) > 4
+    metrics = trainer.step()
+    rows, episodes = trainer.last_rollout
+    assert [r["id"] for r in rows] == [q["id"] for q in kept] and len(kept) <= 4  # in draw order
+    assert metrics["train/kept_groups"] == len(kept) and metrics["train/dropped_groups"] == len(drawn) - len(kept)
+    assert metrics["train/refilled_groups"] == len(drawn) - 4 <= 4 * rounds
+    assert len(episodes) == 4 * len(kept) and metrics["train/zero_variance_groups"] == 0
+    assert metrics["train/accuracy"] == pytest.approx(sum(q["question"] in mixed for q in drawn) / (4 * len(drawn)))
+    assert (trainer.state.questions.epoch, trainer.state.questions.position) == (cursor.epoch, cursor.position)
+    if rounds == 1:
+        assert len(drawn) == 8 and len(kept) < 4  # the budget stopped it short of a full batch
+
+
+def test_a_streamed_refill_with_no_signal_stops_the_run_without_training(hf_base, base_dir, tmp_path):
+    cfg = _cfg(2)
+    cfg.algorithm.rl.refill = "stream"
+    trainer = make_trainer(cfg, None, None, tmp_path, base_dir)
+    trainer.engine = trainer.rollout.engine = _engine(hf_base, base_dir, trainer.rows, mixed=set())
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    with pytest.raises(StageError, match=r"every group of 12 questions had equal answer scores .* after 8 "
+                                         r"replacements \(algorithm.rl.dynamic_sampling=2, refill=stream\)"):
+        trainer.step()
+    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if p.requires_grad)
+    assert trainer.state.step == 0
