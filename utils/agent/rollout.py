@@ -125,43 +125,23 @@ class Rollout:
                               derive_seed(seed, step, self._first + i, turn, "planner")):
             self._end(ep, "malformed", "planner context exceeds max_model_len")
 
-    def run(self, rows: list[dict], n: int, seed: int, step: int = 0, first: int = 0, on_group=None) -> list[Episode]:
+    def run(self, rows: list[dict], n: int, seed: int, step: int = 0, first: int = 0) -> list[Episode]:
         """n episodes per row ({id, question, answers, context?}); deterministic in (seed, step).
         `first`: the index of the first episode in a larger batch that several data-parallel ranks
         share (utils/train/world.py), so each episode is seeded as it would be in one process.
 
         Every request is seeded by (seed, step, episode, turn, role) alone, and episodes advance
         independently: an executor call is queued as soon as its planner turn ends, and the next
-        planner turn as soon as its result is injected, all on the engine's one request stream.
-
-        `on_group(g, episodes)`, if given, is called once the n episodes of the batch's g-th row have
-        all ended; the rows it returns join the running batch at once, as rows g' = len(rows), ... (a
-        streamed refill: the trainer's dynamic sampling replaces a group without a signal while
-        the others still decode). Which episode index a joining row gets follows the order in which
-        groups end, which the engine's steps fix."""
+        planner turn as soon as its result is injected, all on the engine's one request stream."""
         episodes, self._evidence, self._first = [], [], first
-        reported: set[int] = set()
-
-        def add(new_rows: list[dict]) -> None:
-            start = len(episodes)
-            for row in new_rows:
-                prompt, ids = self.codec.planner_prompt(row["question"], row.get("context"))
-                self._evidence += [row.get("context")] * n
-                for k in range(n):
-                    episodes.append(Episode(row["id"], row["question"], list(row["answers"]), k,
-                                            planner_ids=list(ids), transcript=prompt))
-            for i in range(start, len(episodes)):
-                self._submit_planner(i, episodes[i], seed, step, 0)
-            check(range(start, len(episodes)))
-
-        def check(indices) -> None:
-            for g in sorted({i // n for i in indices}):
-                group = episodes[g * n:(g + 1) * n]
-                if on_group is not None and g not in reported and all(ep.done for ep in group):
-                    reported.add(g)
-                    add(on_group(g, group))
-
-        add(rows)
+        for row in rows:
+            prompt, ids = self.codec.planner_prompt(row["question"], row.get("context"))
+            self._evidence += [row.get("context")] * n
+            for k in range(n):
+                episodes.append(Episode(row["id"], row["question"], list(row["answers"]), k, planner_ids=list(ids),
+                                        transcript=prompt))
+        for i, ep in enumerate(episodes):
+            self._submit_planner(i, ep, seed, step, 0)
         while done := self.engine.poll():
             fault_point("rollout")  # the kill-anywhere test's cut (utils/core/faults.py)
             for (role, i, turn, call), sample in done:
@@ -169,7 +149,6 @@ class Rollout:
                     self._planner_done(i, episodes[i], turn, sample, seed, step)
                 else:
                     self._executor_done(i, episodes[i], turn, call, sample, seed, step)
-            check([i for (_, i, _, _), _ in done])
         return episodes
 
     def _planner_done(self, i: int, ep: Episode, turn: int, s, seed: int, step: int) -> None:

@@ -129,9 +129,6 @@ class RlConfig:
     dynamic_sampling: int = field(0, "DAPO's dynamic sampling: drop groups whose answer scores are all equal (zero "
                                      "advantage) and refill from the next questions, at most this many extra "
                                      "rounds a step (0 = off). One rank only; not with red_paper.", minimum=0)
-    refill: str = field("rounds", "How dynamic sampling refills: in rounds (a round starts when the last ends) or "
-                                  "stream (each dropped group is replaced at once, while the others decode; at most "
-                                  "dynamic_sampling x questions_per_step replacements a step).", ("rounds", "stream"))
     min_subtasks: int = field(0, "RL questions: only train rows whose gold decomposition has at least this many "
                                  "subtasks (0 = every row). SFT traces are unaffected (traces.*).", minimum=0)
     temperature: float = field(0.7, "Rollout sampling temperature (chosen on val, docs/RESULTS.md).", minimum=0.0)

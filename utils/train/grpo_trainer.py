@@ -256,8 +256,6 @@ class GrpoTrainer:
         last rollout's). RED's accuracy is then over every episode sampled this step (a filtered batch has
         lost its all-right groups). No group with a signal after R extra rounds stops the run."""
         rl, n, seed, step = self.alg.rl, self.alg.rl.n_samples, self.cfg.seed, self.state.step
-        if rl.dynamic_sampling and rl.refill == "stream":
-            return self._streamed_rollouts(rows, first, variants)
         episodes = self.rollout.run(rows, n=n, seed=seed, step=step, first=first)
         scored = score_episodes(episodes, self.spec)
         if not rl.dynamic_sampling:
@@ -268,7 +266,10 @@ class GrpoTrainer:
             seen += scored
             for g, row in enumerate(rows):
                 group = slice(g * n, (g + 1) * n)
-                if _has_signal(row, scored[group], variants):
+                answers = [s["answer"] for s in scored[group]]
+                for v in variants:
+                    answers = v.answers(row, answers)
+                if len(set(answers)) > 1:
                     kept.append((row, episodes[group], scored[group]))
                 else:
                     dropped += 1
@@ -289,38 +290,6 @@ class GrpoTrainer:
         return ([r for r, _, _ in kept], [e for _, eps, _ in kept for e in eps], [s for _, _, sc in kept for s in sc],
                 {"accuracy": batch_accuracy(seen), "train/dropped_groups": dropped, "train/sampling_rounds": rounds + 1,
                  "train/kept_groups": len(kept), "time/rollout_refill": refill})
-
-    def _streamed_rollouts(self, rows: list[dict], first: int, variants) -> tuple[list[dict], list, list[dict], dict]:
-        """Dynamic sampling with algorithm.rl.refill = stream: a group without a signal is replaced by
-        the stream's next question as soon as its episodes end, while the other groups still decode,
-        at most R x questions_per_step replacements a step (R = dynamic_sampling). The batch is the
-        groups with a signal, in the order they were drawn (never more than questions_per_step: each
-        dropped group makes room for one). No group with a signal stops the run."""
-        rl, n, seed = self.alg.rl, self.alg.rl.n_samples, self.cfg.seed
-        drawn, groups, budget = list(rows), {}, rl.dynamic_sampling * rl.questions_per_step
-
-        def on_group(g: int, episodes: list) -> list[dict]:
-            scored = score_episodes(episodes, self.spec)
-            groups[g] = (drawn[g], episodes, scored, _has_signal(drawn[g], scored, variants))
-            if groups[g][3] or len(drawn) - len(rows) >= budget:
-                return []
-            new = take(self.rows, 1, f"{seed}/q", self.state.questions)
-            drawn.extend(new)
-            return new
-
-        self.rollout.run(rows, n=n, seed=seed, step=self.state.step, first=first, on_group=on_group)
-        done = [groups[g] for g in sorted(groups)]
-        kept = [grp for grp in done if grp[3]]
-        if not kept:
-            raise StageError(f"step {self.state.step + 1}: every group of {len(done)} questions had equal answer "
-                             f"scores (all right or all wrong) after {len(drawn) - len(rows)} replacements "
-                             f"(algorithm.rl.dynamic_sampling={rl.dynamic_sampling}, refill=stream): nothing to "
-                             f"train on; allow more, or start from a policy whose samples disagree")
-        return ([r for r, _, _, _ in kept], [e for _, eps, _, _ in kept for e in eps],
-                [s for _, _, sc, _ in kept for s in sc],
-                {"accuracy": batch_accuracy([s for _, _, sc, _ in done for s in sc]),
-                 "train/dropped_groups": len(done) - len(kept), "train/kept_groups": len(kept),
-                 "train/refilled_groups": len(drawn) - len(rows)})
 
     def close(self) -> None:
         """Shut the sampling engine and, with a judge PRM, the judge's."""
@@ -349,15 +318,6 @@ class GrpoTrainer:
                 self.save()
         self.model.eval()
         return history
-
-
-def _has_signal(row: dict, scored: list[dict], variants) -> bool:
-    """Whether a group's answer scores differ (its variants' `answers` have the last word): a group
-    whose scores are all equal has zero advantage and teaches nothing."""
-    answers = [s["answer"] for s in scored]
-    for v in variants:
-        answers = v.answers(row, answers)
-    return len(set(answers)) > 1
 
 
 def _step_metrics(step: int, scored: list[dict], rewards: list[float], accuracy: float, group: int, skipped: int,
