@@ -59,7 +59,7 @@ def test_a_seed_shape_that_fails_keeps_the_figures_measured_before_and_names_the
 
     import utils.train.policy
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import gpu_shapes
 
     def out_of_memory(*args, **kwargs):
