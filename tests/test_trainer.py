@@ -173,6 +173,44 @@ def test_methods_are_configs_of_one_trainer(method, has_sft, has_rl, hf_engine, 
         assert k in m
 
 
+def test_two_passes_take_the_first_passs_log_probs_as_the_old_ones(hf_engine, protocol_adapter, tmp_path, base_dir,
+                                                                    monkeypatch):
+    """ppo_epochs=2 without dropout: the old log-probs are the first pass's own, detached, and the run is
+    bit for bit the one that recomputes them in eval mode first (the path a model with dropout takes);
+    the second pass's ratios move off 1, so it really compares against the sampling policy."""
+    import utils.train.grpo_trainer as gt
+
+    cfg = _cfg("algorithm.rl.steps=2", "algorithm.rl.ppo_epochs=2", "algorithm.rl.temperature=0.7")
+
+    def run(out, recompute):
+        monkeypatch.setattr(gt, "dropout_active", lambda model: recompute)
+        trainer = make_trainer(cfg, hf_engine, protocol_adapter, out, base_dir)
+        history = trainer.train()
+        return history, {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+    reused, reused_params = run(tmp_path / "reused", False)
+    recomputed, recomputed_params = run(tmp_path / "recomputed", True)
+    assert all(m["actor/ratio_mean"] != 1.0 for m in reused)
+    for key in ("actor/loss", "actor/ratio_mean", "actor/clip_frac", "actor/grad_norm", "rollout/logprob_mismatch"):
+        assert [m[key] for m in reused] == [m[key] for m in recomputed], key
+    assert all(torch.equal(reused_params[n], recomputed_params[n]) for n in reused_params)
+
+
+def test_dropout_is_seen_in_modules_and_in_the_config(base_dir):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from utils.train.policy import dropout_active
+
+    def lora(dropout, **config):
+        model = AutoModelForCausalLM.from_pretrained(base_dir, **config)
+        return get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], lora_dropout=dropout))
+
+    assert not dropout_active(lora(0.0))
+    assert dropout_active(lora(0.1))
+    assert dropout_active(lora(0.0, attention_dropout=0.1))
+
+
 def _run_05(out, *args: str) -> int:
     """05 in this process, as run_stage runs the others (05's script is only a call of run_rl_stage)."""
     from utils.core.stages import run_main

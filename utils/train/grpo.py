@@ -106,6 +106,7 @@ def _agg(rl, batch: RlBatch) -> Agg:
 class LossTerms:
     loss: torch.Tensor
     stats: dict
+    logp: torch.Tensor | None = None  # this forward's rollout log-probs [S, T-1], detached
 
 
 def _offline_policy_loss(logp, old_lp, ent, h_rl: float, batch: RlBatch, alg,
@@ -166,7 +167,7 @@ def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor, sft: tuple | None
         stats.update(w)
         stats.update({"actor/sft_loss": l_sft.item(), "actor/sft_entropy": h_sft.item()})
     stats["actor/loss"] = loss.item()
-    return LossTerms(loss, stats)
+    return LossTerms(loss, stats, logp.detach())
 
 
 def group_advantages(rewards: list[float], n: int, scaling: str) -> torch.Tensor:

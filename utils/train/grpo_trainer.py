@@ -33,7 +33,8 @@ from utils.core.stream import Cursor, take
 from utils.reward.spec import score_episodes
 from utils.train.guard import SkipStreak, guarded_step, zero_loss
 from utils.train.grpo import batch_accuracy, build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
-from utils.train.policy import forward_logprobs, policy_device, reference_logprobs, sft_batch, sft_terms
+from utils.train.policy import (dropout_active, forward_logprobs, policy_device, reference_logprobs, sft_batch,
+                                sft_terms)
 from utils.train.red import RedState, red_update
 from utils.train.variants import StepData, active_variants
 from utils.train.world import SOLO, World
@@ -153,11 +154,12 @@ class GrpoTrainer:
         """(old, reference) log-probs of the batch: the policy the sampler served and, when the KL term
         is on, the frozen reference; in eval mode, so dropout does not perturb them.
 
-        With one optimizer pass per batch (`ppo_epochs=1`) the policy being updated is the one that
-        sampled, so the old log-probs are the update's own, detached (grpo.red_grpo_loss): no
-        separate forward pass, and None here."""
+        Before the first optimizer pass the policy being updated is the one that sampled, so the old
+        log-probs are the first pass's own, detached (grpo.red_grpo_loss; `_update` keeps them for
+        the later passes): None here, and no separate forward. Only a model with dropout on, whose
+        train-mode forward is not its eval-mode one, gets them here when it takes several passes."""
         rl = self.alg.rl
-        need_old, need_ref = rl.ppo_epochs > 1, rl.kl_coef > 0
+        need_old, need_ref = rl.ppo_epochs > 1 and dropout_active(self.model), rl.kl_coef > 0
         if batch is None or not (need_old or need_ref):
             return None, None
         self.model.eval()
@@ -189,7 +191,7 @@ class GrpoTrainer:
             else:
                 terms = red_grpo_loss(self.model, batch, old_lp, sft, self.alg, red, accuracy, ref_lp,
                                       self.state.red_paper)
-                stats = terms.stats
+                stats, old_lp = terms.stats, terms.logp if old_lp is None else old_lp
                 skipped, grad = self._optimize(terms.loss)
             if skipped:
                 break

@@ -64,6 +64,19 @@ def _serving(model, adapter: str):
         model.set_adapter(active)
 
 
+def dropout_active(model) -> bool:
+    """Whether the model's train-mode forward can differ from its eval-mode one: a Dropout module
+    with p > 0 (peft's lora_dropout is one), or a dropout rate above 0 in its config (HF attention
+    dropout is applied as a function, not a module)."""
+    import torch
+
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    rates = config.to_dict() if hasattr(config, "to_dict") else {}
+    return any("dropout" in k and isinstance(v, (int, float)) and v > 0 for k, v in rates.items())
+
+
 def reference_logprobs(model, ids, attn, temperature: float = 1.0):
     """Log-probs [S, T-1] of `ids` under the frozen reference adapter (no gradient)."""
     import torch
