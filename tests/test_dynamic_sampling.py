@@ -16,11 +16,10 @@ from utils.core.stages import StageError
 from utils.core.stream import take
 
 
-def _cfg(rounds: int, oversample: float = 1.0):
+def _cfg(rounds: int):
     return load_run_config(algorithm="grpo", overrides=[
         "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=4", "algorithm.rl.n_samples=4",
-        f"algorithm.rl.dynamic_sampling={rounds}", f"algorithm.rl.oversample={oversample}",
-        "algorithm.rl.save_freq=100", "algorithm.rl.dump_freq=0"])
+        f"algorithm.rl.dynamic_sampling={rounds}", "algorithm.rl.save_freq=100", "algorithm.rl.dump_freq=0"])
 
 
 def _engine(hf_base, base_dir, rows, mixed: set[str]):
@@ -35,12 +34,11 @@ def _engine(hf_base, base_dir, rows, mixed: set[str]):
     return RuleEngine(hf_base, AutoTokenizer.from_pretrained(base_dir), respond)
 
 
-def _expected(trainer, rounds: int, mixed: set[str], first: int = 4):
-    """What the stream hands out: round 0 takes `first` questions, each later round as many as are
-    missing from 4."""
+def _expected(trainer, rounds: int, mixed: set[str]):
+    """What the stream hands out: round 0 takes 4 questions, each later round as many as are missing."""
     cursor, kept, seen = copy.deepcopy(trainer.state.questions), [], []
     for r in range(rounds + 1):
-        batch = take(trainer.rows, first if r == 0 else 4 - len(kept), f"{trainer.cfg.seed}/q", cursor)
+        batch = take(trainer.rows, 4 - len(kept), f"{trainer.cfg.seed}/q", cursor)
         seen += batch
         kept += [q for q in batch if q["question"] in mixed]
         if len(kept) >= 4:
@@ -54,12 +52,9 @@ def test_dropped_groups_are_refilled_up_to_the_cap(hf_base, base_dir, tmp_path, 
     mixed = {r["question"] for i, r in enumerate(trainer.rows) if i % 3 == 0}
     engine = _engine(hf_base, base_dir, trainer.rows, mixed)
     trainer.engine = trainer.rollout.engine = engine
-    firsts, run = [], trainer.rollout.run
-    trainer.rollout.run = lambda rows, **kw: firsts.append(kw["first"]) or run(rows, **kw)
     kept, seen, used = _expected(trainer, rounds, mixed)
     assert len(seen) > 4  # the first batch alone does not fill it: something was dropped
     metrics = trainer.step()
-    assert firsts == [16 * r for r in range(used)]  # round r's episodes seeded from r x 4 questions x 4
     rows, episodes = trainer.last_rollout
     assert [r["id"] for r in rows] == [q["id"] for q in kept]  # only groups with a signal, in stream order
     assert metrics["train/kept_groups"] == len(kept) and metrics["train/sampling_rounds"] == used <= rounds + 1
@@ -70,47 +65,6 @@ def test_dropped_groups_are_refilled_up_to_the_cap(hf_base, base_dir, tmp_path, 
     assert metrics["train/accuracy"] == pytest.approx(sum(q["question"] in mixed for q in seen) / (4 * len(seen)))
     if rounds == 1:
         assert used == 2 and len(kept) < 4  # the cap stopped it short of a full batch
-
-
-@pytest.mark.parametrize("oversample, first, rounds, kept", [(1.1, 5, 2, 2), (1.5, 6, 2, 2), (2.0, 8, 2, 4),
-                                                             (3.0, 12, 1, 4)])
-def test_an_over_sampled_first_round_keeps_the_first_groups_with_a_signal(hf_base, base_dir, tmp_path,
-                                                                           oversample, first, rounds, kept):
-    """The first round draws ceil(4 x oversample) questions; the first 4 with a signal are kept, in
-    stream order, and the one refill round allowed runs only when the first round is short. Every
-    third question of the data has a signal; the seeded question order gives the pinned rounds and
-    kept groups (5 or 6 questions: short even after the refill; 8: full after it; 12: full at once)."""
-    trainer = make_trainer(_cfg(1, oversample), None, None, tmp_path, base_dir)
-    mixed = {r["question"] for i, r in enumerate(trainer.rows) if i % 3 == 0}
-    seeds = []
-    engine = _engine(hf_base, base_dir, trainer.rows, mixed)
-    trainer.engine = trainer.rollout.engine = engine
-    run = trainer.rollout.run
-    trainer.rollout.run = lambda rows, **kw: seeds.append((len(rows), kw["first"])) or run(rows, **kw)
-    expected, seen, used = _expected(trainer, 1, mixed, first)
-    assert (used, len(expected)) == (rounds, kept)
-    metrics = trainer.step()
-    rows, episodes = trainer.last_rollout
-    assert seeds[0] == (first, 0) and len(seen) >= first
-    assert [n for n, _ in seeds] == [first] + [len(seen) - first] * (used - 1)
-    if used == 2:  # the refill's episodes are seeded after the whole first round's, never among them
-        assert seeds[1][1] == 4 * first
-    assert [r["id"] for r in rows] == [q["id"] for q in expected]
-    assert metrics["train/sampling_rounds"] == used and metrics["train/kept_groups"] == kept
-    # dropped counts the groups without a signal; a surplus group with one (12 questions) is just not kept
-    assert metrics["train/dropped_groups"] == sum(q["question"] not in mixed for q in seen)
-    assert len(episodes) == 4 * kept  # accuracy over every episode sampled (the metrics keep 6 digits)
-    assert metrics["train/accuracy"] == pytest.approx(sum(q["question"] in mixed for q in seen) / (4 * len(seen)),
-                                                      abs=1e-6)
-
-
-def test_over_sampling_without_dynamic_sampling_is_refused():
-    from utils.core.config import ConfigError
-
-    with pytest.raises(ConfigError, match=r"algorithm.rl.oversample=2.0 needs dynamic sampling .* "
-                                          r"algorithm.rl.dynamic_sampling=0"):
-        _cfg(0, 2.0)
-    assert _cfg(0, 1.0).algorithm.rl.oversample == 1.0 and _cfg(1, 2.0).algorithm.rl.oversample == 2.0
 
 
 def test_a_step_with_no_signal_stops_the_run_without_training(hf_base, base_dir, tmp_path):

@@ -10,8 +10,7 @@
 5. the `--set` overrides.
 
 It then refuses a method label that its flags contradict (utils/core/methods.py), process rewards
-on a method that cannot take them, over-sampling without dynamic sampling, and a run id that would
-write outside outputs_dir.
+on a method that cannot take them, and a run id that would write outside outputs_dir.
 """
 from __future__ import annotations
 
@@ -42,7 +41,6 @@ def config_from_layers(layers: list[tuple[str, dict]]) -> RunConfig:
         hint = f"; these flags are method '{other}': use --algorithm {other}" if other else ""
         raise ConfigError(f"algorithm.method '{cfg.algorithm.method}' contradicts {'; '.join(problems)}{hint}")
     check_process(cfg)
-    check_oversample(cfg)
     check_run_id(cfg.run_id)
     return cfg
 
@@ -144,16 +142,6 @@ def check_process(cfg: RunConfig) -> None:
 
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*")
-
-
-def check_oversample(cfg: RunConfig) -> None:
-    """Over-sampling only means something where dynamic sampling drops groups: without it the first
-    round's extra questions would be trained on, silently changing questions_per_step."""
-    rl = cfg.algorithm.rl
-    if rl.oversample > 1 and not rl.dynamic_sampling:
-        raise ConfigError(f"algorithm.rl.oversample={rl.oversample} needs dynamic sampling to drop the groups "
-                          f"it over-samples, but algorithm.rl.dynamic_sampling=0; set dynamic_sampling >= 1 "
-                          f"or oversample=1")
 
 
 def check_run_id(run_id: str) -> None:

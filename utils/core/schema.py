@@ -129,10 +129,6 @@ class RlConfig:
     dynamic_sampling: int = field(0, "DAPO's dynamic sampling: drop groups whose answer scores are all equal (zero "
                                      "advantage) and refill from the next questions, at most this many extra "
                                      "rounds a step (0 = off). One rank only; not with red_paper.", minimum=0)
-    oversample: float = field(1.0, "With dynamic sampling: a step's first round draws ceil(questions_per_step x "
-                                   "this) questions, one larger engine batch in place of small refill rounds "
-                                   "(DAPO's over-sampling); the first questions_per_step groups with a signal "
-                                   "are kept. Above 1 it needs dynamic_sampling >= 1.", minimum=1.0)
     min_subtasks: int = field(0, "RL questions: only train rows whose gold decomposition has at least this many "
                                  "subtasks (0 = every row). SFT traces are unaffected (traces.*).", minimum=0)
     temperature: float = field(0.7, "Rollout sampling temperature (chosen on val, docs/RESULTS.md).", minimum=0.0)

@@ -208,7 +208,7 @@ class GrpoTrainer:
         if not rl.enabled:
             return self.sft_only_step()
         t0 = time.time()
-        first, rows = self.world.block(take(self.rows, first_round(rl), f"{seed}/q", self.state.questions))
+        first, rows = self.world.block(take(self.rows, rl.questions_per_step, f"{seed}/q", self.state.questions))
         variants = self.variants()
         rows, episodes, scored, sampling = self._rollouts(rows, first * rl.n_samples, variants)
         self.last_rollout = (rows, episodes)  # what benchmarks/step_profile.py replays
@@ -254,7 +254,7 @@ class GrpoTrainer:
         sampling (algorithm.rl.dynamic_sampling = R > 0, DAPO), a group whose answer scores are all
         equal has zero advantage and is dropped; the batch is refilled from the stream's next
         questions, at most R extra rounds, and the first questions_per_step groups with a signal are
-        kept; `rows` is the first round (`first_round`: over-sampled by algorithm.rl.oversample). A group's scores are those its variants' `answers` give (red_paper's expert replaces its
+        kept. A group's scores are those its variants' `answers` give (red_paper's expert replaces its
         last rollout's). RED's accuracy is then over every episode sampled this step (a filtered batch has
         lost its all-right groups). No group with a signal after R extra rounds stops the run."""
         rl, n, seed, step = self.alg.rl, self.alg.rl.n_samples, self.cfg.seed, self.state.step
@@ -263,7 +263,7 @@ class GrpoTrainer:
         if not rl.dynamic_sampling:
             return rows, episodes, scored, {}
         kept: list[tuple] = []
-        seen, dropped, rounds, refill, after = [], 0, 0, 0.0, first + len(rows) * n
+        seen, dropped, rounds, refill = [], 0, 0, 0.0
         while True:
             seen += scored
             for g, row in enumerate(rows):
@@ -280,8 +280,7 @@ class GrpoTrainer:
             rounds += 1
             t0 = time.time()
             rows = take(self.rows, rl.questions_per_step - len(kept), f"{seed}/q", self.state.questions)
-            episodes = self.rollout.run(rows, n=n, seed=seed, step=step, first=after)
-            after += rl.questions_per_step * n  # each round's episodes seeded apart from every other's
+            episodes = self.rollout.run(rows, n=n, seed=seed, step=step, first=rounds * rl.questions_per_step * n)
             scored = score_episodes(episodes, self.spec)
             refill += time.time() - t0
         if not kept:
@@ -321,14 +320,6 @@ class GrpoTrainer:
                 self.save()
         self.model.eval()
         return history
-
-
-def first_round(rl) -> int:
-    """Questions a step's first rollout round draws: questions_per_step, or with dynamic sampling that
-    many over-sampled by algorithm.rl.oversample (rounded up)."""
-    if not rl.dynamic_sampling:
-        return rl.questions_per_step
-    return math.ceil(rl.questions_per_step * rl.oversample - 1e-9)
 
 
 def _step_metrics(step: int, scored: list[dict], rewards: list[float], accuracy: float, group: int, skipped: int,
