@@ -91,8 +91,9 @@ def evaluate(cfg, args, name: str, shared: SharedEngine, codec: Codec) -> None:
         engine = shared.serving(adapter)
         retriever = run_retriever(cfg, run)
         summary, scored = greedy_eval(engine, codec, rows, spec, RolloutSpec.from_config(cfg, 0.0), retriever)
+        steps = {row["id"]: (row.get("meta") or {}).get("steps") for row in rows}
         for r in scored:
-            r["category"] = failure_category(r)
+            r["category"] = failure_category(r, steps.get(r["qid"]))
         metrics = {**summary, "accuracy_ci95": bootstrap_ci([r["answer"] for r in scored], seed=cfg.seed),
                    "scorer": spec.scorer, "failures": dict(sorted(Counter(r["category"] for r in scored).items())),
                    "checkpoint": name, "primary": cfg.eval.primary}

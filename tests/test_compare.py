@@ -219,6 +219,35 @@ def test_accuracy_by_gold_subtasks_separates_recall_from_extension():
     assert accuracy_by_gold_subtasks([{"id": "d", "meta": {}}], scored) == {}
 
 
+def test_failure_category_names_the_imperfect_teachers_flaw():
+    from utils.eval.evaluation import failure_category
+
+    steps = [{"task": "3+4", "result": 7}, {"task": "7+5", "result": 12}, {"task": "12-2", "result": 10}]
+    answered = lambda prediction, answer: {"status": "answered", "prediction": prediction, "answer": answer}  # noqa: E731
+    assert failure_category(answered("10", 1.0), steps) == "correct"
+    assert failure_category(answered(" 12 ", 0.0), steps) == "stopped_early"  # the next-to-last result
+    assert failure_category(answered("7", 0.0), steps) == "wrong_answer"  # two subtasks early is not the flaw
+    assert failure_category(answered("12", 0.0), steps[-1:]) == "wrong_answer"  # one step: nothing to stop before
+    assert failure_category(answered("12", 0.0)) == "wrong_answer"  # no gold decomposition
+    assert failure_category(answered("", 0.0), steps) == "no_answer"
+    assert failure_category({"status": "max_turns", "prediction": None, "answer": 0.0}, steps) == "hit_max_turns"
+
+
+def test_the_report_counts_greedy_outcomes_per_checkpoint(tmp_path):
+    run = tmp_path / "outputs" / "r" / "seed_1"
+    for checkpoint, failures in (("sft_warmup", {"correct": 5, "stopped_early": 4, "wrong_answer": 1}),
+                                 ("grpo", {"correct": 8, "wrong_answer": 1, "malformed": 1})):
+        _evaluation(run, checkpoint, 1, [1.0] * failures["correct"] + [0.0] * (10 - failures["correct"]))
+        metrics = json.loads((run / "07_evaluate" / checkpoint / "metrics.json").read_text())
+        (run / "07_evaluate" / checkpoint / "metrics.json").write_text(json.dumps({**metrics, "failures": failures}))
+    res = run_compare(tmp_path, "--run_id", "r")
+    assert res.returncode == 0, res.stderr
+    section = (run.parent / "08_compare_runs" / "report.md").read_text().split("### Greedy episodes by outcome")[1]
+    table = [line for line in section.split("\n\n")[2].splitlines()]
+    assert table[0] == "| run | seed | method | correct | wrong_answer | stopped_early | malformed |"
+    assert "| r | 1 | grpo | 8 | 1 | 0 | 1 |" in table and "| r | 1 | sft_warmup | 5 | 1 | 4 | 0 |" in table
+
+
 def test_stats_calibration_benchmark_runs_08s_test_on_simulated_studies(capsys):
     """The benchmark stays runnable (its figures are quoted in docs/ARCHITECTURE.md): a few
     studies per setting, and its last line is the largest null rejection rate."""

@@ -76,6 +76,7 @@ def test_driver_runs_the_chain_then_skips_then_reruns_downstream(tmp_path):
     report = out / RUN / "08_compare_runs" / "report.md"
     assert f"report: {report}" in first.stdout
     assert "red − sft_warmup" in report.read_text()  # the paired test against the SFT starting point
+    assert sum(metrics["failures"].values()) == metrics["n"] and "### Greedy episodes by outcome" in report.read_text()
     run_manifest = json.loads((out / RUN / "run_manifest.json").read_text())
     assert run_manifest["status"] == "completed" and len(run_manifest["stages"]) == 10
     assert run_manifest["regime"] == "regime_d"  # the regime the config named, which no stage manifest records

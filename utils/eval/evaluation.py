@@ -121,13 +121,22 @@ def gold_subtask_counts(rows: list[dict]) -> dict[str, int]:
     return {r["id"]: len(r["meta"]["steps"]) for r in rows if r.get("meta", {}).get("steps")}
 
 
-def failure_category(record: dict) -> str:
-    """correct | wrong_answer | no_answer | malformed | hit_max_turns | executor_error."""
+def failure_category(record: dict, steps: list[dict] | None = None) -> str:
+    """correct | wrong_answer | stopped_early | no_answer | malformed | hit_max_turns | executor_error.
+
+    `steps` is the item's gold decomposition (its row's meta.steps), where it has one. A wrong answer
+    equal to the result of the gold chain's next-to-last step is `stopped_early`: the planner answered
+    one subtask before the end, the imperfect teacher's flaw (traces.flaw_rate). A wrong chain that
+    happens to reach that number lands there too."""
     status = record["status"]
     if status == "answered":
-        if not (record["prediction"] or "").strip():
+        prediction = (record["prediction"] or "").strip()
+        if not prediction:
             return "no_answer"
-        return "correct" if is_correct(record["answer"]) else "wrong_answer"
+        if is_correct(record["answer"]):
+            return "correct"
+        before_last = steps[-2] if steps and len(steps) >= 2 and isinstance(steps[-2], dict) else {}
+        return "stopped_early" if str(before_last.get("result", "")).strip() == prediction else "wrong_answer"
     return {"max_turns": "hit_max_turns"}.get(status, status)
 
 

@@ -171,6 +171,7 @@ def _accuracy_section(df: pd.DataFrame) -> list[str]:
              markdown(per_seed, {"95% CI": ci, "turns": _2, "subtasks": _2, "tokens planner": _1,
                                  "tokens executor": _1}), ""]
     lines += _length_section(df)
+    lines += _failure_section(df)
     lines += _search_section(df)
     seeds = across_seeds(df)
     if not seeds.empty:
@@ -200,6 +201,23 @@ def _length_section(df: pd.DataFrame) -> list[str]:
             "Accuracy on the test items whose gold decomposition has that many subtasks (metrics.json "
             "`accuracy_by_gold_subtasks`).", "",
             markdown(pd.concat([have[["run", "seed", "method"]], by_length], axis=1)), ""]
+
+
+_FAILURES = ("correct", "wrong_answer", "stopped_early", "no_answer", "malformed", "hit_max_turns", "executor_error")
+
+
+def _failure_section(df: pd.DataFrame) -> list[str]:
+    """The greedy episodes by outcome (metrics.json `failures`, 07's failure_category): what a gain
+    removed, e.g. the imperfect teacher's stopping one subtask early."""
+    have = df[df["failures"].map(bool)] if "failures" in df else df.iloc[:0]
+    if have.empty:
+        return []
+    counts = pd.DataFrame(have["failures"].tolist(), index=have.index).fillna(0).astype(int)
+    kinds = [k for k in _FAILURES if k in counts] + sorted(set(counts) - set(_FAILURES))
+    return ["### Greedy episodes by outcome", "",
+            "Counts of test items (07's `failures`). `stopped_early`: a wrong answer equal to the gold chain's "
+            "next-to-last result, the planner answering one subtask early (the imperfect teacher's flaw).", "",
+            markdown(pd.concat([have[["run", "seed", "method"]], counts[kinds].astype(object)], axis=1)), ""]
 
 
 _SEARCH_COLUMNS = {"run": "run", "seed": "seed", "method": "method", "searches_per_subtask": "searches / subtask",
