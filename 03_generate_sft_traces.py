@@ -20,8 +20,8 @@ from tqdm import tqdm
 
 from utils.agent.retrieval import render_information, run_retriever
 from utils.agent.rollout import Codec, Rollout, RolloutSpec
-from utils.agent.traces import (ThinkStyle, examples_from_trace, skipped_stats, trace_from_episode, trace_from_row,
-                                trace_record, trace_stats)
+from utils.agent.traces import (ThinkStyle, examples_from_trace, flaw_by_length, skipped_stats, trace_from_episode,
+                                trace_from_row, trace_record, trace_stats)
 from utils.core.cli import parse_stage_args
 from utils.core.io import read_jsonl, write_jsonl
 from utils.core.manifest import StageRun, atomic_write_json
@@ -107,12 +107,16 @@ def main(argv=None) -> int:
         else:  # gold | solution: the config accepts no other source
             pairs, usable, sampled = [], _LengthFilter(cfg), 0
             search, style = _gold_search(cfg, run), ThinkStyle.from_config(cfg)
+            per_question = cfg.traces.flaw_rate if cfg.traces.flaw_draw == "question" else 0.0
             for row in rows:
-                trace, why = trace_from_row(row, source, search, style, cfg.traces.flaw_rate, cfg.seed)
+                trace, why = trace_from_row(row, source, search, style, per_question, cfg.seed)
                 if trace is None:
                     skipped.append((row["id"], why))
                 elif usable(trace):
                     pairs.append((trace, examples_from_trace(trace, codec, row.get("context"))))
+            if source == "gold" and cfg.traces.flaw_draw == "length":
+                pairs = flaw_by_length(pairs[:wanted], {r["id"]: r for r in rows}, cfg.traces.flaw_rate, cfg.seed,
+                                       lambda row: trace_from_row(row, "gold", search, style, 1.0, cfg.seed)[0], codec)
         accepted = len(pairs) if sampled else 0  # before the cap: the teacher's acceptance rate
         pairs = pairs[:wanted]
         if not pairs:

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoTokenizer
 
 from helpers import FIXTURES, kill_once_logged, manifest, run_stage, sft_args
-from utils.core.config import ROOT
+from utils.core.config import ROOT, ConfigError
 from utils.core.schema import DataConfig
 
 def _records(out):
@@ -319,3 +319,36 @@ def test_the_imperfect_teacher_stops_a_share_of_chains_one_subtask_early(prepare
         assert rec["planner_turns"][-1].endswith(f"<answer>{steps[-2]['result']}</answer>")
     assert not any(stops_early("q", 1, 1.0, seed) for _ in range(3)) and stops_early("q", 2, 1.0, seed)
     assert run_stage("03_generate_sft_traces", out, *args, "--set", "traces.flaw_rate=1.5") == 1
+
+
+def test_flaws_drawn_per_length_give_each_length_the_rate_exactly(prepared):
+    """traces.flaw_draw=length: of the traced chains of each gold length >= 2, round(rate x count)
+    flawed (halves up), each the same record the per-question teacher writes for a flawed chain; the
+    rest are gold byte for byte."""
+    from utils.agent.traces import flawed_by_length
+
+    out, args = prepared
+    no_cap = ("--set", "traces.max_subtasks=0")
+    assert run_stage("03_generate_sft_traces", out, *args, *no_cap) == 0
+    gold = {r["qid"]: r for r in _records(out)}
+    assert run_stage("03_generate_sft_traces", out, *args, *no_cap, "--set", "traces.flaw_rate=1.0") == 0
+    flawed_form = {r["qid"]: r for r in _records(out)}
+    assert run_stage("03_generate_sft_traces", out, *args, *no_cap, "--set", "traces.flaw_rate=0.5",
+                     "--set", "traces.flaw_draw=length") == 0
+    recs, rows = _records(out), {r["id"]: r for r in _train_rows(out)}
+    counts: dict[int, list[int]] = {}
+    for rec in recs:
+        n = len(rows[rec["qid"]]["meta"]["steps"])
+        counts.setdefault(n, [0, 0])[0] += bool(rec.get("flawed"))
+        counts[n][1] += 1
+        assert rec == (flawed_form if rec.get("flawed") else gold)[rec["qid"]]
+    assert counts[1][0] == 0 and len(counts) >= 3
+    assert all(f == int(0.5 * total + 0.5) for n, (f, total) in counts.items() if n >= 2), counts
+    assert manifest(out, "03_generate_sft_traces")["metrics"]["flawed_traces"] == sum(f for f, _ in counts.values())
+    lengths = {f"q{i}": 2 + i % 3 for i in range(30)}  # ten chains each of 2, 3 and 4 subtasks
+    picked = flawed_by_length(lengths, 0.35, seed=7)
+    assert [sum(lengths[q] == n for q in picked) for n in (2, 3, 4)] == [4, 4, 4]  # 3.5 rounds up
+    assert picked == flawed_by_length(lengths, 0.35, seed=7) != flawed_by_length(lengths, 0.35, seed=8)
+    assert flawed_by_length({"a": 1, "b": 1}, 1.0, 0) == set() and flawed_by_length(lengths, 0.0, 0) == set()
+    with pytest.raises(ConfigError, match="flaw_rate: 1.5 is not a share"):
+        flawed_by_length(lengths, 1.5, 0)

@@ -34,6 +34,7 @@ each executor call is its own example (prompt masked), since its context is deco
 """
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import dataclass
@@ -166,7 +167,38 @@ def stops_early(qid: str, n_steps: int, rate: float, seed: int) -> bool:
     for `rate` of the questions with 2+ subtasks, drawn from (seed, question id)."""
     if not 0.0 <= rate <= 1.0:
         raise ConfigError(f"traces.flaw_rate: {rate} is not a share in [0, 1]")
-    return rate > 0 and n_steps >= 2 and derive_seed(seed, qid, "flaw") / 0x7FFFFFFF < rate
+    return rate > 0 and n_steps >= 2 and (rate >= 1.0 or derive_seed(seed, qid, "flaw") / 0x7FFFFFFF < rate)
+
+
+def flawed_by_length(lengths: dict[str, int], rate: float, seed: int) -> set[str]:
+    """traces.flaw_draw=length: of the chains of each gold length L >= 2 (question id -> L), exactly
+    round(rate x their count) (halves up), those first by the (seed, question id) draw stops_early uses;
+    the share per length is then the rate, whatever the seed, where per-question draws scatter."""
+    if not 0.0 <= rate <= 1.0:
+        raise ConfigError(f"traces.flaw_rate: {rate} is not a share in [0, 1]")
+    by_length: dict[int, list[str]] = {}
+    for qid, n in lengths.items():
+        if n >= 2:
+            by_length.setdefault(n, []).append(qid)
+    chosen: set[str] = set()
+    for qids in by_length.values():
+        qids.sort(key=lambda q: (derive_seed(seed, q, "flaw"), q))
+        chosen.update(qids[:math.floor(rate * len(qids) + 0.5)])
+    return chosen
+
+
+def flaw_by_length(pairs: list, rows: dict, rate: float, seed: int, flawed_trace, codec: Codec) -> list:
+    """traces.flaw_draw=length: of (trace, examples) pairs (rows: question id -> prepared row), the
+    chains flawed_by_length picks, each replaced in place by `flawed_trace(row)` (the teacher's
+    flawed version) and its examples."""
+    chosen = flawed_by_length({t.qid: len(rows[t.qid]["meta"]["steps"]) for t, _ in pairs}, rate, seed)
+    out = []
+    for trace, examples in pairs:
+        if trace.qid in chosen:
+            trace = flawed_trace(rows[trace.qid])
+            examples = examples_from_trace(trace, codec, rows[trace.qid].get("context"))
+        out.append((trace, examples))
+    return out
 
 
 def trace_from_row(row: dict, source: str, search=None, style: ThinkStyle = ThinkStyle(),

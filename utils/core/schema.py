@@ -223,6 +223,10 @@ class TracesConfig:
                                           "flags ('no') and the refined part corrects. Not tuned.")
     flaw_rate: float = field(0.0, "The imperfect teacher: the share of gold chains of 2+ subtasks (drawn per question "
                                   "from the seed) whose planner stops one subtask early and answers that result.")
+    flaw_draw: str = field("question", "How the imperfect teacher's flawed chains are drawn: question (each chain of "
+                                       "2+ subtasks on its own, with probability flaw_rate) or length (of the traced "
+                                       "chains of each gold length, exactly round(flaw_rate x their count), the first "
+                                       "by a draw from (seed, question id)).", ("question", "length"))
     teacher_path: str = field("", "teacher source: base model directory (empty = model.path).")
     teacher_adapter: str = field("", "teacher source: optional LoRA adapter directory for the teacher.")
     teacher_samples: int = field(4, "teacher source: episodes sampled per question.", minimum=1)
