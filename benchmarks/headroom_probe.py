@@ -27,7 +27,7 @@ from utils.core.config import ROOT, from_dict, repo_path  # noqa: E402
 from utils.core.io import read_records  # noqa: E402
 from utils.core.manifest import read_manifest  # noqa: E402
 from utils.core.schema import RunConfig  # noqa: E402
-from utils.eval.evaluation import gold_subtask_counts, pass_at_k, summarize_scores  # noqa: E402
+from utils.eval.evaluation import failure_category, gold_subtask_counts, pass_at_k, summarize_scores  # noqa: E402
 from utils.reward.spec import read_spec, score_episodes  # noqa: E402
 
 
@@ -46,12 +46,17 @@ def probe(rows: list[dict], scored: list[dict]) -> dict[str, dict]:
     return out
 
 
-def overall(scored: list[dict], samples: int) -> str:
+def overall(scored: list[dict], samples: int, steps: dict[str, list] | None = None) -> str:
     """The line over every question: mean@n, pass@n, and the protocol's health (format score, share
-    answered, planner turns per episode, as 07 reports them)."""
+    answered, planner turns per episode, as 07 reports them); with the questions' gold steps (id ->
+    meta.steps), also the share of episodes that stopped one subtask early (07's `stopped_early`)."""
     m = summarize_scores(scored)
-    return (f"all: mean@{samples} {m['accuracy']:.4f}  pass@{samples} {pass_at_k(scored):.4f}  "
+    line = (f"all: mean@{samples} {m['accuracy']:.4f}  pass@{samples} {pass_at_k(scored):.4f}  "
             f"format {m['format']:.3f}  answered {m['answered']:.3f}  turns {m['turns']:.2f}")
+    if steps:
+        early = sum(failure_category(s, steps.get(s["qid"])) == "stopped_early" for s in scored)
+        line += f"  stopped early {early / max(len(scored), 1):.3f}"
+    return line
 
 
 def run_config(run: Path) -> RunConfig:
@@ -91,7 +96,7 @@ def main() -> int:
     engine.close()
     print(f"{adapter}: {len(rows)} {args.split} questions x {args.samples} samples at T={args.temperature}, "
           f"max_turns {ro.max_turns}, planner budget {ro.max_new_tokens_planner} tokens")
-    print(overall(scored, args.samples))
+    print(overall(scored, args.samples, {r['id']: (r.get('meta') or {}).get('steps') for r in rows}))
     for key, r in probe(rows, scored).items():
         print(f"gold subtasks {key}: sample accuracy {r['sample_accuracy']:.3f}  pass@{args.samples} "
               f"{r['pass_at_n']:.3f}  mean reward {r['mean_reward']:.2f}  subtasks delegated {r['subtasks']}")

@@ -37,3 +37,6 @@ def test_the_probe_reports_the_protocols_health_beside_mean_and_pass_at_n():
               episode("b", 0.0, 0.0, "malformed", 1), episode("b", 0.0, 0.5, "hit_max_turns", 8)]  # b: none
     assert _probe_module().overall(scored, 2) == \
         "all: mean@2 0.2500  pass@2 0.5000  format 0.625  answered 0.500  turns 4.25"
+    scored[1]["prediction"] = "12"  # a's wrong sample answered the next-to-last result: 1 of 4 stopped early
+    steps = {"a": [{"result": 7}, {"result": 12}, {"result": 10}]}
+    assert _probe_module().overall(scored, 2, steps).endswith("turns 4.25  stopped early 0.250")

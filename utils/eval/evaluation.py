@@ -130,7 +130,7 @@ def failure_category(record: dict, steps: list[dict] | None = None) -> str:
     happens to reach that number lands there too."""
     status = record["status"]
     if status == "answered":
-        prediction = (record["prediction"] or "").strip()
+        prediction = (record.get("prediction") or "").strip()
         if not prediction:
             return "no_answer"
         if is_correct(record["answer"]):
