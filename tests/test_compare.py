@@ -243,7 +243,7 @@ def test_the_report_counts_greedy_outcomes_per_checkpoint(tmp_path):
     res = run_compare(tmp_path, "--run_id", "r")
     assert res.returncode == 0, res.stderr
     section = (run.parent / "08_compare_runs" / "report.md").read_text().split("### Greedy episodes by outcome")[1]
-    table = [line for line in section.split("\n\n")[2].splitlines()]
+    table = section.split("\n\n")[2].splitlines()
     assert table[0] == "| run | seed | method | correct | wrong_answer | stopped_early | malformed |"
     assert "| r | 1 | grpo | 8 | 1 | 0 | 1 |" in table and "| r | 1 | sft_warmup | 5 | 1 | 4 | 0 |" in table
 
