@@ -244,6 +244,7 @@ def test_the_embedded_default_runs_in_its_data_tiers_regime():
     assert cfg.regime == "imperfect_teacher"
     regime = read_yaml(CONFIG_DIR / "regimes" / "imperfect_teacher.yaml")
     assert cfg.traces.flaw_rate == regime["traces"]["flaw_rate"] > 0
+    assert cfg.traces.flaw_draw == regime["traces"]["flaw_draw"] == "length" != RunConfig().traces.flaw_draw
     assert (cfg.eval.primary, cfg.eval.samples) == ("mean_at_k", 4)
     assert cfg.algorithm.rl.dynamic_sampling == 2
     assert cfg.warmup.steps == 800 and cfg.traces.max_traces == 96  # the tier's run: section still applies
