@@ -29,7 +29,7 @@ from utils.core.models import load_tokenizer
 from utils.core.methods import CHECKPOINTS, SFT_WARMUP
 from utils.core.stages import (evaluation_settings, model_dir, output_path, parent, resolve_checkpoint, run_main,
                                stage_dir)
-from utils.eval.evaluation import failure_category, greedy_eval, sampled_eval
+from utils.eval.evaluation import failure_category, gold_steps, greedy_eval, sampled_eval
 from utils.eval.stats import bootstrap_ci
 from utils.reward.spec import read_spec
 
@@ -91,7 +91,7 @@ def evaluate(cfg, args, name: str, shared: SharedEngine, codec: Codec) -> None:
         engine = shared.serving(adapter)
         retriever = run_retriever(cfg, run)
         summary, scored = greedy_eval(engine, codec, rows, spec, RolloutSpec.from_config(cfg, 0.0), retriever)
-        steps = {row["id"]: (row.get("meta") or {}).get("steps") for row in rows}
+        steps = gold_steps(rows)
         for r in scored:
             r["category"] = failure_category(r, steps.get(r["qid"]))
         metrics = {**summary, "accuracy_ci95": bootstrap_ci([r["answer"] for r in scored], seed=cfg.seed),

@@ -27,7 +27,7 @@ from utils.core.config import ROOT, from_dict, repo_path  # noqa: E402
 from utils.core.io import read_records  # noqa: E402
 from utils.core.manifest import read_manifest  # noqa: E402
 from utils.core.schema import RunConfig  # noqa: E402
-from utils.eval.evaluation import failure_category, gold_subtask_counts, pass_at_k, summarize_scores  # noqa: E402
+from utils.eval.evaluation import failure_category, gold_steps, gold_subtask_counts, pass_at_k, summarize_scores  # noqa: E402
 from utils.reward.spec import read_spec, score_episodes  # noqa: E402
 
 
@@ -96,7 +96,7 @@ def main() -> int:
     engine.close()
     print(f"{adapter}: {len(rows)} {args.split} questions x {args.samples} samples at T={args.temperature}, "
           f"max_turns {ro.max_turns}, planner budget {ro.max_new_tokens_planner} tokens")
-    print(overall(scored, args.samples, {r['id']: (r.get('meta') or {}).get('steps') for r in rows}))
+    print(overall(scored, args.samples, gold_steps(rows)))
     for key, r in probe(rows, scored).items():
         print(f"gold subtasks {key}: sample accuracy {r['sample_accuracy']:.3f}  pass@{args.samples} "
               f"{r['pass_at_n']:.3f}  mean reward {r['mean_reward']:.2f}  subtasks delegated {r['subtasks']}")

@@ -162,11 +162,15 @@ def _lookups(meta_steps: list[dict], search) -> tuple[list | None, str | None]:
     return out, None
 
 
+def _check_rate(rate: float) -> None:
+    if not 0.0 <= rate <= 1.0:
+        raise ConfigError(f"traces.flaw_rate: {rate} is not a share in [0, 1]")
+
+
 def stops_early(qid: str, n_steps: int, rate: float, seed: int) -> bool:
     """Whether the imperfect teacher (traces.flaw_rate) stops this question's chain one subtask early:
     for `rate` of the questions with 2+ subtasks, drawn from (seed, question id)."""
-    if not 0.0 <= rate <= 1.0:
-        raise ConfigError(f"traces.flaw_rate: {rate} is not a share in [0, 1]")
+    _check_rate(rate)
     return rate > 0 and n_steps >= 2 and (rate >= 1.0 or derive_seed(seed, qid, "flaw") / 0x7FFFFFFF < rate)
 
 
@@ -174,8 +178,7 @@ def flawed_by_length(lengths: dict[str, int], rate: float, seed: int) -> set[str
     """traces.flaw_draw=length: of the chains of each gold length L >= 2 (question id -> L), exactly
     round(rate x their count) (halves up), those first by the (seed, question id) draw stops_early uses;
     the share per length is then the rate, whatever the seed, where per-question draws scatter."""
-    if not 0.0 <= rate <= 1.0:
-        raise ConfigError(f"traces.flaw_rate: {rate} is not a share in [0, 1]")
+    _check_rate(rate)
     by_length: dict[int, list[str]] = {}
     for qid, n in lengths.items():
         if n >= 2:

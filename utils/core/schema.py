@@ -221,8 +221,9 @@ class TracesConfig:
     critic_error_rate: float = field(0.2, "With thinking: actor_critic, the share of gold executor steps (integer "
                                           "results only) whose actor part shows a result off by one, which the critic "
                                           "flags ('no') and the refined part corrects. Not tuned.")
-    flaw_rate: float = field(0.0, "The imperfect teacher: the share of gold chains of 2+ subtasks (drawn per question "
-                                  "from the seed) whose planner stops one subtask early and answers that result.")
+    flaw_rate: float = field(0.0, "The imperfect teacher: the share of gold chains of 2+ subtasks (drawn as "
+                                  "traces.flaw_draw says) whose planner stops one subtask early and answers that "
+                                  "result.")
     flaw_draw: str = field("question", "How the imperfect teacher's flawed chains are drawn: question (each chain of "
                                        "2+ subtasks on its own, with probability flaw_rate) or length (of the traced "
                                        "chains of each gold length, exactly round(flaw_rate x their count), the first "

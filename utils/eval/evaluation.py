@@ -116,9 +116,14 @@ def accuracy_by_gold_subtasks(rows: list[dict], scored: list[dict]) -> dict[str,
     return {str(k): round(sum(v) / len(v), 6) for k, v in sorted(groups.items())}
 
 
+def gold_steps(rows: list[dict]) -> dict[str, list[dict]]:
+    """Row id -> its gold decomposition (meta.steps), for rows that carry one."""
+    return {r["id"]: r["meta"]["steps"] for r in rows if (r.get("meta") or {}).get("steps")}
+
+
 def gold_subtask_counts(rows: list[dict]) -> dict[str, int]:
     """Row id -> length of its gold decomposition (meta.steps), for rows that carry one."""
-    return {r["id"]: len(r["meta"]["steps"]) for r in rows if r.get("meta", {}).get("steps")}
+    return {qid: len(steps) for qid, steps in gold_steps(rows).items()}
 
 
 def failure_category(record: dict, steps: list[dict] | None = None) -> str:
