@@ -1,0 +1,123 @@
+"""What 04's SFT step costs against the compute floor of the same batch: the speed issue's ratio.
+
+    .venv/bin/python benchmarks/sft_step_profile.py [--run outputs/run_001] [--steps 30] [--rounds 3]
+
+Builds 04's model (the base with a fresh LoRA, seeded as 04 seeds it) and its SFT loop on the
+run's own traces (03_generate_sft_traces/sft_traces.jsonl), writing only under a temporary
+directory. It records `--steps` of the loop's batches, then times, per batch and alternating in
+`--rounds` rounds so that the box's drift falls on each alike:
+- **step**: the loop's real optimizer step (`SftLoop._update` and the lr schedule: the loss
+  through the LoRA model, backward, clipping, AdamW);
+- **lora fwd+bwd**: the same loss and backward through the LoRA model, no optimizer;
+- **merged fwd+bwd**: the same loss and backward through a copy with the adapter merged into the
+  weights and every weight frozen but the input embedding, so the backward computes the same
+  activation gradients without the rank-r products: the floor the speed issue measures against.
+
+Prints each one's median seconds per batch, then the last line
+
+    step/merged=<ratio> lora/merged=<ratio> optimizer_share=<(step - lora) / step>
+
+Each ratio is of two medians from this one run, since the box is shared and noisy; the target is
+step/merged <= 1.3. docs/PERFORMANCE.md quotes it. Not a test.
+"""
+import argparse
+import copy
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from utils.agent.traces import read_trace_examples  # noqa: E402
+from utils.core.cli import parse_stage_args  # noqa: E402
+from utils.core.config import ROOT  # noqa: E402
+from utils.core.models import load_tokenizer  # noqa: E402
+from utils.core.stages import model_dir  # noqa: E402
+from utils.train.policy import load_policy, sft_loss  # noqa: E402
+from utils.train.sft_trainer import SftLoop  # noqa: E402
+
+
+def merged_floor(model):
+    """A copy of the LoRA `model` with the adapter merged into its weights and every parameter frozen
+    but the input embedding (so a backward still runs through every layer): the floor's model."""
+    floor = copy.deepcopy(model).merge_and_unload()
+    for p in floor.parameters():
+        p.requires_grad_(False)
+    floor.get_input_embeddings().weight.requires_grad_(True)
+    floor.train()
+    return floor
+
+
+def fwd_bwd(model, batch, pad_id: int) -> float:
+    """Seconds of the batch's SFT loss and its backward; the gradients are dropped after."""
+    t0 = time.perf_counter()
+    sft_loss(model, batch, pad_id).backward()
+    dt = time.perf_counter() - t0
+    model.zero_grad(set_to_none=True)
+    return dt
+
+
+def record_batches(loop: SftLoop, steps: int) -> list:
+    """The loop's next `steps` batches, in the order its steps would take them."""
+    state = copy.deepcopy(loop.state)
+    batches = [loop._next_batch() for _ in range(steps)]
+    loop.state = state
+    return batches
+
+
+def profile(loop: SftLoop, floor, batches: list, rounds: int, pad_id: int) -> dict[str, list[float]]:
+    """Per-batch seconds of the real step, the LoRA fwd+bwd and the merged floor's, alternating."""
+    times = {"step": [], "lora fwd+bwd": [], "merged fwd+bwd": []}
+    queue = iter(b for _ in range(rounds) for b in batches)
+    loop._next_batch = lambda: next(queue)  # the real step takes the recorded batches, in order
+    for _ in range(rounds):
+        for batch in batches:
+            t0 = time.perf_counter()
+            loop._update()
+            loop.sched.step()
+            times["step"].append(time.perf_counter() - t0)
+            times["lora fwd+bwd"].append(fwd_bwd(loop.model, batch, pad_id))
+            times["merged fwd+bwd"].append(fwd_bwd(floor, batch, pad_id))
+    return times
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=Path, default=ROOT / "outputs" / "run_001")
+    ap.add_argument("--steps", type=int, default=30, help="batches recorded and timed")
+    ap.add_argument("--rounds", type=int, default=3, help="passes over the recorded batches")
+    args = ap.parse_args()
+    import torch
+
+    cfg, _ = parse_stage_args(__doc__, ["--run_id", args.run.name])
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    traces = args.run / "03_generate_sft_traces" / "sft_traces.jsonl"
+    if not traces.exists():
+        sys.exit(f"sft_step_profile: {traces} missing: run 09_driver.py (or 00-03) for {args.run} first")
+    base = model_dir(cfg)
+    pad_id = load_tokenizer(base, cfg.model.trust_remote_code).pad_token_id
+    torch.manual_seed(cfg.seed)  # 04's LoRA init
+    model = load_policy(base, cfg.model.lora, cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+    loop = SftLoop(model, read_trace_examples(traces), cfg.warmup, cfg.seed, pad_id,
+                   Path(tempfile.mkdtemp(prefix="sft_step_profile_")), None, "profile")
+    model.train()
+    batches = record_batches(loop, args.steps)
+    floor = merged_floor(model)
+    fwd_bwd(floor, batches[0], pad_id)  # first-call costs are not a step's
+    times = profile(loop, floor, batches, args.rounds, pad_id)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    tokens = statistics.fmean(sum(len(e.ids) for e in b) for b in batches)
+    print(f"{args.run}: {args.steps} batches of {cfg.warmup.batch_size} ({tokens:.0f} tokens each on average), "
+          f"{args.rounds} rounds, {torch.get_num_threads()} threads")
+    for k, v in med.items():
+        print(f"{k:<16}{v * 1000:>9.1f} ms  (spread {min(times[k]) * 1000:.1f}-{max(times[k]) * 1000:.1f})")
+    print(f"step/merged={med['step'] / med['merged fwd+bwd']:.2f} lora/merged={med['lora fwd+bwd'] / med['merged fwd+bwd']:.2f} "
+          f"optimizer_share={(med['step'] - med['lora fwd+bwd']) / med['step']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""benchmarks/sft_step_profile.py measures 04's SFT step against a floor that must compute the same
+function: the adapter merged into the weights gives the LoRA model's loss, and the floor's backward
+reaches every layer while training no weight but the input embedding. And the real step it times
+takes exactly the batches the floor is timed on, in order."""
+import importlib.util
+import random
+
+import torch
+
+from utils.agent.episode import Example
+from utils.core.config import ROOT
+from utils.core.schema import LoraConfig, WarmupConfig
+from utils.train.policy import load_policy, sft_loss
+from utils.train.sft_trainer import SftLoop
+
+
+def _profile_module():
+    spec = importlib.util.spec_from_file_location("sft_step_profile", ROOT / "benchmarks" / "sft_step_profile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _examples(n: int, seed: int = 0) -> list[Example]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        length = rng.randint(12, 40)
+        ids = [rng.randint(3, 90) for _ in range(length)]
+        out.append(Example(f"q{i}", "planner", ids, [0] * 5 + [1] * (length - 5)))
+    return out
+
+
+def _lora_model(base_dir):
+    torch.manual_seed(0)
+    model = load_policy(base_dir, LoraConfig(rank=8, alpha=16))
+    for p in model.parameters():  # a non-zero adapter: merging it must change the weights
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.05)
+    return model
+
+
+def test_the_merged_floor_computes_the_lora_models_loss_and_trains_only_the_embedding(base_dir):
+    mod = _profile_module()
+    model = _lora_model(base_dir)
+    model.train()
+    batch = _examples(6)
+    floor = mod.merged_floor(model)
+    assert not any("lora" in name for name, _ in floor.named_parameters())
+    torch.testing.assert_close(sft_loss(floor, batch, 0), sft_loss(model, batch, 0), atol=1e-5, rtol=1e-5)
+    plain = load_policy(base_dir, LoraConfig(rank=8, alpha=16), trainable=False).get_base_model()
+    assert abs(sft_loss(plain, batch, 0).item() - sft_loss(floor, batch, 0).item()) > 1e-4  # the adapter is in it
+    sft_loss(floor, batch, 0).backward()
+    with_grad = [name for name, p in floor.named_parameters() if p.grad is not None]
+    assert with_grad == ["model.embed_tokens.weight"] and floor.get_input_embeddings().weight.grad.abs().sum() > 0
+    assert mod.fwd_bwd(floor, batch, 0) > 0 and floor.get_input_embeddings().weight.grad is None  # dropped after
+
+
+def test_the_timed_steps_take_the_recorded_batches_in_order(base_dir, tmp_path):
+    mod = _profile_module()
+    model = _lora_model(base_dir)
+    loop = SftLoop(model, _examples(10, seed=1), WarmupConfig(steps=8, batch_size=4), 3, 0, tmp_path, None, "x")
+    batches = mod.record_batches(loop, 5)
+    assert loop.state.step == 0 and loop.state.data.position == 0  # recording consumed nothing
+    fresh = SftLoop(model, _examples(10, seed=1), WarmupConfig(steps=8, batch_size=4), 3, 0, tmp_path, None, "x")
+    assert [[e.qid for e in fresh._next_batch()] for _ in range(5)] == [[e.qid for e in b] for b in batches]
+    stepped = []
+    real_loss = loop._loss
+    loop._loss = lambda b: (stepped.append([e.qid for e in b]), real_loss(b))[1]
+    taken = []
+    original = mod.fwd_bwd
+    mod.fwd_bwd = lambda m, b, pad: taken.append([e.qid for e in b]) or 0.0
+    try:
+        times = mod.profile(loop, mod.merged_floor(model), batches, 2, 0)
+    finally:
+        mod.fwd_bwd = original
+    expected = [[e.qid for e in b] for b in batches]
+    assert stepped == expected * 2  # the real step, two rounds
+    assert taken == [q for q in expected * 2 for _ in (0, 1)]  # then the LoRA pass and the floor, per batch
+    assert loop.state.step == 0 and loop.sched.last_epoch == 10  # the profile steps the optimizer, not the loop
+    assert [len(v) for v in times.values()] == [10, 10, 10]
+    assert all(t > 0 for t in times["step"])
