@@ -1,6 +1,6 @@
 """What 04's SFT step costs against the compute floor of the same batch: the speed issue's ratio.
 
-    .venv/bin/python benchmarks/sft_step_profile.py [--run outputs/run_001] [--steps 30] [--rounds 3]
+    .venv/bin/python benchmarks/sft_step_profile.py [--run outputs/run_001] [--steps 30] [--rounds 3] [--compile]
 
 Builds 04's model (the base with a fresh LoRA, seeded as 04 seeds it) and its SFT loop on the
 run's own traces (03_generate_sft_traces/sft_traces.jsonl), writing only under a temporary
@@ -16,6 +16,10 @@ directory. It records `--steps` of the loop's batches, then times, per batch and
 Prints each one's median seconds per batch, then the last line
 
     step/merged=<ratio> lora/merged=<ratio> optimizer_share=<(step - lora) / step>
+
+With `--compile`, the LoRA model (for the step and its fwd+bwd) and the floor run under
+`torch.compile(dynamic=True)`; the first pass over each is untimed and its seconds printed (the
+compile cost a run would pay once). A lever to measure, not what 04 does.
 
 Each ratio is of two medians from this one run, since the box is shared and noisy; the target is
 step/merged <= 1.3. docs/PERFORMANCE.md quotes it. Not a test.
@@ -88,6 +92,7 @@ def main() -> int:
     ap.add_argument("--run", type=Path, default=ROOT / "outputs" / "run_001")
     ap.add_argument("--steps", type=int, default=30, help="batches recorded and timed")
     ap.add_argument("--rounds", type=int, default=3, help="passes over the recorded batches")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the models first (dynamic shapes)")
     args = ap.parse_args()
     import torch
 
@@ -106,12 +111,15 @@ def main() -> int:
     model.train()
     batches = record_batches(loop, args.steps)
     floor = merged_floor(model)
-    fwd_bwd(floor, batches[0], pad_id)  # first-call costs are not a step's
+    if args.compile:
+        loop.model, floor = torch.compile(model, dynamic=True), torch.compile(floor, dynamic=True)
+    for name, m in (("lora", loop.model), ("merged", floor)):  # first-call costs are not a step's
+        print(f"first fwd+bwd, {name}: {sum(fwd_bwd(m, b, pad_id) for b in batches[:2]):.1f} s")
     times = profile(loop, floor, batches, args.rounds, pad_id)
     med = {k: statistics.median(v) for k, v in times.items()}
     tokens = statistics.fmean(sum(len(e.ids) for e in b) for b in batches)
     print(f"{args.run}: {args.steps} batches of {cfg.warmup.batch_size} ({tokens:.0f} tokens each on average), "
-          f"{args.rounds} rounds, {torch.get_num_threads()} threads")
+          f"{args.rounds} rounds, {torch.get_num_threads()} threads{', compiled' if args.compile else ''}")
     for k, v in med.items():
         print(f"{k:<16}{v * 1000:>9.1f} ms  (spread {min(times[k]) * 1000:.1f}-{max(times[k]) * 1000:.1f})")
     print(f"step/merged={med['step'] / med['merged fwd+bwd']:.2f} lora/merged={med['lora fwd+bwd'] / med['merged fwd+bwd']:.2f} "

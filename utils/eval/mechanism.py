@@ -33,7 +33,7 @@ def _tenth(n: int) -> int:
     return max(1, round(n / 10))
 
 
-def _tenths(values: list[float]) -> tuple[float, float]:
+def first_last_tenths(values: list[float]) -> tuple[float, float]:
     k = _tenth(len(values))
     return fmean(values[:k]), fmean(values[-k:])
 
@@ -47,14 +47,14 @@ def red_mechanism(trainings) -> list[dict]:
         steps = [h for h in t.history if "red/final_weight" in h and "train/accuracy" in h]
         if len(steps) < 2:
             continue
-        acc0, acc1 = _tenths([h["train/accuracy"] for h in steps])
-        w0, w1 = _tenths([h["red/final_weight"] for h in steps])
+        acc0, acc1 = first_last_tenths([h["train/accuracy"] for h in steps])
+        w0, w1 = first_last_tenths([h["red/final_weight"] for h in steps])
         ratio = max(w0, w1) / min(w0, w1) if min(w0, w1) > 0 else math.inf
         short = ([f"accuracy moved {acc1 - acc0:+.3f} (needs ±{ACCURACY_SHIFT})"] if abs(acc1 - acc0) < ACCURACY_SHIFT
                  else []) + ([f"weight ratio {ratio:.2f} (needs ≥ {WEIGHT_RATIO:g})"] if ratio < WEIGHT_RATIO else [])
         factors = {f"{name}_{end}": v
                    for name, key in (("w_entropy", "red/entropy_weight"), ("w_acc", "red/accuracy_factor"))
-                   for end, v in zip(("first", "last"), _tenths([h.get(key, math.nan) for h in steps]))}
+                   for end, v in zip(("first", "last"), first_last_tenths([h.get(key, math.nan) for h in steps]))}
         rows.append({"run": t.run, "seed": t.seed, "method": t.method, "steps": len(steps), "acc_first": acc0,
                      "acc_last": acc1, "weight_first": w0, "weight_last": w1, "weight_ratio": ratio, **factors,
                      "verdict": "exercised" if not short else "idle: " + "; ".join(short)})
@@ -99,7 +99,7 @@ def plot_mechanism(plt, evals, trainings, many_runs):  # noqa: ARG001 - evals: t
                 continue
             (line,) = ax.plot(*zip(*pts), alpha=0.5, label=lab)
             k = _tenth(len(pts))
-            first, last = _tenths([v for _, v in pts])
+            first, last = first_last_tenths([v for _, v in pts])
             ax.plot([pts[0][0], pts[k - 1][0]], [first] * 2, color=line.get_color(), linewidth=3)
             ax.plot([pts[-k][0], pts[-1][0]], [last] * 2, color=line.get_color(), linewidth=3)
     ax1.set(xlabel="step", ylabel="share of correct episodes", title="Sampled batch accuracy (bars: first/last tenth)")

@@ -1,0 +1,96 @@
+"""How much of an RL run's per-step batch accuracy is its batch's question mix, not its policy?
+
+    .venv/bin/python benchmarks/batch_mix.py --run outputs/study/seed_1 --by_length 0.71,0.40,0.35,0.10,0,0
+
+Each step's questions are rebuilt from the run's question stream: the trainer's own draw on the
+train split (`take(rows, k, "{seed}/q", cursor)`, after `algorithm.rl.min_subtasks`), advancing by
+the step's kept + dropped groups, which is what dynamic sampling consumes
+(tests/test_dynamic_sampling.py checks that). Each step is then given the accuracy one fixed policy
+would have on that mix: the mean, over every question the step sampled, of `--by_length` (sample
+accuracy per gold subtask count 1, 2, ..., e.g. headroom_probe.py's lines for the run's warmup).
+
+Per RL training under the run (05's and 06's): the correlation of the mix's accuracy with the
+observed `train/accuracy`, both detrended, and each one's first-to-last-tenth change as 08's
+mechanism table reads it (utils/eval/mechanism.py): how much of that reading is the mix. RED's
+w_acc follows the same batch accuracy. Not a test.
+"""
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from utils.core.io import read_jsonl  # noqa: E402
+from utils.core.stream import Cursor, take  # noqa: E402
+from utils.eval.mechanism import first_last_tenths  # noqa: E402
+
+
+def step_questions(rows: list[dict], steps: list[dict], seed: int) -> list[list[dict]]:
+    """Each step's sampled questions: the stream's next kept + dropped (or questions_per_step
+    without dynamic sampling, when the step logged no kept groups) rows."""
+    cursor, out = Cursor(), []
+    for m in steps:
+        n = m["train/kept_groups"] + m["train/dropped_groups"] if "train/kept_groups" in m else m["questions"]
+        out.append(take(rows, n, f"{seed}/q", cursor))
+    return out
+
+
+def mix_accuracy(questions: list[dict], by_length: list[float]) -> float:
+    """The mean of the per-length accuracy over the questions' gold subtask counts."""
+    def acc(row):
+        n = len((row.get("meta") or {}).get("steps") or [])
+        if not 1 <= n <= len(by_length):
+            raise SystemExit(f"batch_mix: question {row.get('id')} has {n} gold subtasks; --by_length gives "
+                             f"lengths 1-{len(by_length)}")
+        return by_length[n - 1]
+    return statistics.fmean(acc(r) for r in questions)
+
+
+def detrend(values: list[float]) -> list[float]:
+    """Residuals of a least-squares line through (step, value)."""
+    xs = range(len(values))
+    mx, my = statistics.fmean(xs), statistics.fmean(values)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, values)) / sum((x - mx) ** 2 for x in xs)
+    return [y - my - slope * (x - mx) for x, y in zip(xs, values)]
+
+
+def trainings(run: Path) -> list[Path]:
+    return sorted(p.parent for stage in ("05_train_red_grpo", "06_ablate_grpo_only")
+                  for p in (run / stage).glob("*/manifest.json"))
+
+
+def report(run: Path, by_length: list[float]) -> list[str]:
+    rows = read_jsonl(run / "01_prepare_dataset" / "train.jsonl")
+    lines = [f"{'training':<14}{'corr':>7}{'mix tenths':>18}{'observed tenths':>20}{'observed - mix':>16}"]
+    for out in trainings(run):
+        config = json.loads((out / "manifest.json").read_text())["config"]
+        rl, seed = config["algorithm"]["rl"], config["seed"]
+        k = rl.get("min_subtasks", 0)
+        pool = [r for r in rows if len((r.get("meta") or {}).get("steps") or []) >= k] if k > 0 else rows
+        steps = [m for m in read_jsonl(out / "metrics.jsonl") if "train/accuracy" in m and "time/rollout" in m]
+        steps = [{**m, "questions": rl["questions_per_step"]} for m in steps]
+        if len(steps) < 3:
+            continue
+        mix = [mix_accuracy(q, by_length) for q in step_questions(pool, steps, seed)]
+        seen = [m["train/accuracy"] for m in steps]
+        r = statistics.correlation(detrend(mix), detrend(seen))
+        (m0, m1), (s0, s1) = first_last_tenths(mix), first_last_tenths(seen)
+        lines.append(f"{out.name:<14}{r:>7.2f}{m0:>9.3f}->{m1:.3f}{s0:>12.3f}->{s1:.3f}{(s1 - s0) - (m1 - m0):>+16.3f}")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=Path, required=True, help="a run (or a study's seed) folder with RL trainings")
+    ap.add_argument("--by_length", required=True, help="sample accuracy per gold subtask count 1,2,...")
+    args = ap.parse_args()
+    by_length = [float(x) for x in args.by_length.split(",")]
+    for line in report(args.run, by_length):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

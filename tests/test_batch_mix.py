@@ -1,0 +1,59 @@
+"""benchmarks/batch_mix.py rebuilds each RL step's questions from the trainer's stream and prices
+them with a per-length accuracy: the questions are the stream's, step after step, and the
+mix's share of a run's accuracy is read as 08 reads the mechanism (first against last tenth)."""
+import importlib.util
+import json
+
+import pytest
+
+from utils.core.config import ROOT
+from utils.core.stream import Cursor, take
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("batch_mix", ROOT / "benchmarks" / "batch_mix.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rows(n: int) -> list[dict]:
+    return [{"id": f"q{i}", "meta": {"steps": [{}] * (1 + i % 3)}} for i in range(n)]
+
+
+def test_steps_take_the_streams_questions_in_order():
+    mod, rows = _module(), _rows(25)
+    steps = [{"train/kept_groups": 4, "train/dropped_groups": 3}, {"questions": 4}, {"train/kept_groups": 2,
+                                                                                     "train/dropped_groups": 0}]
+    got = mod.step_questions(rows, steps, seed=7)
+    cursor = Cursor()
+    assert [[r["id"] for r in q] for q in got] == [[r["id"] for r in take(rows, n, "7/q", cursor)] for n in (7, 4, 2)]
+
+
+def test_mix_accuracy_prices_each_question_by_its_gold_length():
+    mod, rows = _module(), _rows(6)  # lengths 1, 2, 3, 1, 2, 3
+    assert mod.mix_accuracy(rows, [0.9, 0.5, 0.1]) == pytest.approx(0.5)
+    assert mod.mix_accuracy(rows[:1], [0.9, 0.5, 0.1]) == pytest.approx(0.9)
+    with pytest.raises(SystemExit, match="q2 has 3 gold subtasks"):
+        mod.mix_accuracy(rows, [0.9, 0.5])
+
+
+def test_the_report_separates_the_mix_from_the_policy(tmp_path):
+    """A run whose observed accuracy is the mix's plus a trend of 0.01 a step: correlation 1, and
+    observed - mix is the trend's tenths (27 steps of 30 apart: +0.27)."""
+    mod, rows = _module(), _rows(400)
+    (tmp_path / "01_prepare_dataset").mkdir()
+    (tmp_path / "01_prepare_dataset" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    by_length = [0.8, 0.4, 0.0]
+    steps = [{"questions": 16}] * 30
+    mix = [mod.mix_accuracy(q, by_length) for q in mod.step_questions(rows, steps, seed=3)]
+    out = tmp_path / "06_ablate_grpo_only" / "grpo"
+    out.mkdir(parents=True)
+    (out / "manifest.json").write_text(json.dumps({"config": {"seed": 3, "algorithm": {"rl": {
+        "questions_per_step": 16, "min_subtasks": 0}}}}))
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, "time/rollout": 1.0, "train/accuracy":
+                                                           m + 0.01 * i}) + "\n" for i, m in enumerate(mix)))
+    header, line = mod.report(tmp_path, by_length)
+    assert header.split()[0] == "training" and line.split()[0] == "grpo"
+    assert float(line.split()[1]) == pytest.approx(1.0, abs=0.005)
+    assert float(line.split()[-1]) == pytest.approx(0.27, abs=0.0005)
