@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/batch_mix.py --run outputs/study/seed_1 --by_length 0.71,0.40,0.35,0.10,0,0
 
 Each step's questions are rebuilt from the run's question stream: the trainer's own draw on the
-train split (`take(rows, k, "{seed}/q", cursor)`, after `algorithm.rl.min_subtasks`), advancing by
+train split (`take(rows, k, "{seed}/q", cursor)` over the pool `rl_questions` gives), advancing by
 the step's kept + dropped groups, which is what dynamic sampling consumes
 (tests/test_dynamic_sampling.py checks that). Each step is then given the accuracy one fixed policy
 would have on that mix: the mean, over every question the step sampled, of `--by_length` (sample
@@ -15,34 +15,40 @@ mechanism table reads it (utils/eval/mechanism.py): how much of that reading is 
 w_acc follows the same batch accuracy. Not a test.
 """
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from utils.core.config import from_dict  # noqa: E402
 from utils.core.io import read_jsonl  # noqa: E402
+from utils.core.manifest import read_manifest  # noqa: E402
+from utils.core.schema import RunConfig  # noqa: E402
 from utils.core.stream import Cursor, take  # noqa: E402
+from utils.eval.evaluation import gold_subtask_counts  # noqa: E402
 from utils.eval.mechanism import first_last_tenths  # noqa: E402
+from utils.train.rl_stage import rl_questions  # noqa: E402
 
 
-def step_questions(rows: list[dict], steps: list[dict], seed: int) -> list[list[dict]]:
-    """Each step's sampled questions: the stream's next kept + dropped (or questions_per_step
-    without dynamic sampling, when the step logged no kept groups) rows."""
+def step_questions(rows: list[dict], steps: list[dict], seed: int, per_step: int) -> list[list[dict]]:
+    """Each step's sampled questions: the stream's next kept + dropped rows, or `per_step`
+    (questions_per_step) for a step without dynamic sampling (no kept groups logged)."""
     cursor, out = Cursor(), []
     for m in steps:
-        n = m["train/kept_groups"] + m["train/dropped_groups"] if "train/kept_groups" in m else m["questions"]
+        n = m["train/kept_groups"] + m["train/dropped_groups"] if "train/kept_groups" in m else per_step
         out.append(take(rows, n, f"{seed}/q", cursor))
     return out
 
 
 def mix_accuracy(questions: list[dict], by_length: list[float]) -> float:
     """The mean of the per-length accuracy over the questions' gold subtask counts."""
+    counts = gold_subtask_counts(questions)
+
     def acc(row):
-        n = len((row.get("meta") or {}).get("steps") or [])
+        n = counts.get(row["id"], 0)
         if not 1 <= n <= len(by_length):
-            raise SystemExit(f"batch_mix: question {row.get('id')} has {n} gold subtasks; --by_length gives "
+            raise SystemExit(f"batch_mix: question {row['id']} has {n} gold subtasks; --by_length gives "
                              f"lengths 1-{len(by_length)}")
         return by_length[n - 1]
     return statistics.fmean(acc(r) for r in questions)
@@ -65,15 +71,12 @@ def report(run: Path, by_length: list[float]) -> list[str]:
     rows = read_jsonl(run / "01_prepare_dataset" / "train.jsonl")
     lines = [f"{'training':<14}{'corr':>7}{'mix tenths':>18}{'observed tenths':>20}{'observed - mix':>16}"]
     for out in trainings(run):
-        config = json.loads((out / "manifest.json").read_text())["config"]
-        rl, seed = config["algorithm"]["rl"], config["seed"]
-        k = rl.get("min_subtasks", 0)
-        pool = [r for r in rows if len((r.get("meta") or {}).get("steps") or []) >= k] if k > 0 else rows
+        cfg = from_dict(RunConfig, read_manifest(out)["config"], f"{out / 'manifest.json'} (config)")
         steps = [m for m in read_jsonl(out / "metrics.jsonl") if "train/accuracy" in m and "time/rollout" in m]
-        steps = [{**m, "questions": rl["questions_per_step"]} for m in steps]
         if len(steps) < 3:
             continue
-        mix = [mix_accuracy(q, by_length) for q in step_questions(pool, steps, seed)]
+        questions = step_questions(rl_questions(rows, cfg, out), steps, cfg.seed, cfg.algorithm.rl.questions_per_step)
+        mix = [mix_accuracy(q, by_length) for q in questions]
         seen = [m["train/accuracy"] for m in steps]
         r = statistics.correlation(detrend(mix), detrend(seen))
         (m0, m1), (s0, s1) = first_last_tenths(mix), first_last_tenths(seen)

@@ -23,9 +23,8 @@ def _rows(n: int) -> list[dict]:
 
 def test_steps_take_the_streams_questions_in_order():
     mod, rows = _module(), _rows(25)
-    steps = [{"train/kept_groups": 4, "train/dropped_groups": 3}, {"questions": 4}, {"train/kept_groups": 2,
-                                                                                     "train/dropped_groups": 0}]
-    got = mod.step_questions(rows, steps, seed=7)
+    steps = [{"train/kept_groups": 4, "train/dropped_groups": 3}, {}, {"train/kept_groups": 2, "train/dropped_groups": 0}]
+    got = mod.step_questions(rows, steps, seed=7, per_step=4)  # the middle step: no dynamic sampling
     cursor = Cursor()
     assert [[r["id"] for r in q] for q in got] == [[r["id"] for r in take(rows, n, "7/q", cursor)] for n in (7, 4, 2)]
 
@@ -45,8 +44,7 @@ def test_the_report_separates_the_mix_from_the_policy(tmp_path):
     (tmp_path / "01_prepare_dataset").mkdir()
     (tmp_path / "01_prepare_dataset" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     by_length = [0.8, 0.4, 0.0]
-    steps = [{"questions": 16}] * 30
-    mix = [mod.mix_accuracy(q, by_length) for q in mod.step_questions(rows, steps, seed=3)]
+    mix = [mod.mix_accuracy(q, by_length) for q in mod.step_questions(rows, [{}] * 30, seed=3, per_step=16)]
     out = tmp_path / "06_ablate_grpo_only" / "grpo"
     out.mkdir(parents=True)
     (out / "manifest.json").write_text(json.dumps({"config": {"seed": 3, "algorithm": {"rl": {
