@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/batch_mix.py --run outputs/study/seed_1 --by_length 0.71,0.40,0.35,0.10,0,0
 
 Each step's questions are rebuilt from the run's question stream: the trainer's own draw on the
-train split (`take(rows, k, "{seed}/q", cursor)` over the pool `rl_questions` gives), advancing by
+train split (`take(rows, k, rl_question_key(seed), cursor)` over the pool `rl_questions` gives), advancing by
 the step's kept + dropped groups, which is what dynamic sampling consumes
 (tests/test_dynamic_sampling.py checks that). Each step is then given the accuracy one fixed policy
 would have on that mix: the mean, over every question the step sampled, of `--by_length` (sample
@@ -25,7 +25,7 @@ from utils.core.config import from_dict  # noqa: E402
 from utils.core.io import read_jsonl  # noqa: E402
 from utils.core.manifest import read_manifest  # noqa: E402
 from utils.core.schema import RunConfig  # noqa: E402
-from utils.core.stream import Cursor, take  # noqa: E402
+from utils.core.stream import Cursor, rl_question_key, take  # noqa: E402
 from utils.eval.evaluation import gold_subtask_counts  # noqa: E402
 from utils.eval.mechanism import first_last_tenths  # noqa: E402
 from utils.train.rl_stage import rl_questions  # noqa: E402
@@ -37,7 +37,7 @@ def step_questions(rows: list[dict], steps: list[dict], seed: int, per_step: int
     cursor, out = Cursor(), []
     for m in steps:
         n = m["train/kept_groups"] + m["train/dropped_groups"] if "train/kept_groups" in m else per_step
-        out.append(take(rows, n, f"{seed}/q", cursor))
+        out.append(take(rows, n, rl_question_key(seed), cursor))
     return out
 
 

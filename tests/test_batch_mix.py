@@ -7,7 +7,7 @@ import json
 import pytest
 
 from utils.core.config import ROOT
-from utils.core.stream import Cursor, take
+from utils.core.stream import Cursor, rl_question_key, take
 
 
 def _module():
@@ -26,7 +26,7 @@ def test_steps_take_the_streams_questions_in_order():
     steps = [{"train/kept_groups": 4, "train/dropped_groups": 3}, {}, {"train/kept_groups": 2, "train/dropped_groups": 0}]
     got = mod.step_questions(rows, steps, seed=7, per_step=4)  # the middle step: no dynamic sampling
     cursor = Cursor()
-    assert [[r["id"] for r in q] for q in got] == [[r["id"] for r in take(rows, n, "7/q", cursor)] for n in (7, 4, 2)]
+    assert [[r["id"] for r in q] for q in got] == [[r["id"] for r in take(rows, n, rl_question_key(7), cursor)] for n in (7, 4, 2)]
 
 
 def test_mix_accuracy_prices_each_question_by_its_gold_length():

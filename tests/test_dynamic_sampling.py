@@ -13,7 +13,7 @@ from scripted import RuleEngine
 from helpers import make_trainer
 from utils.core.loader import load_run_config
 from utils.core.stages import StageError
-from utils.core.stream import take
+from utils.core.stream import rl_question_key, take
 
 
 def _cfg(rounds: int):
@@ -38,7 +38,7 @@ def _expected(trainer, rounds: int, mixed: set[str]):
     """What the stream hands out: round 0 takes 4 questions, each later round as many as are missing."""
     cursor, kept, seen = copy.deepcopy(trainer.state.questions), [], []
     for r in range(rounds + 1):
-        batch = take(trainer.rows, 4 - len(kept), f"{trainer.cfg.seed}/q", cursor)
+        batch = take(trainer.rows, 4 - len(kept), rl_question_key(trainer.cfg.seed), cursor)
         seen += batch
         kept += [q for q in batch if q["question"] in mixed]
         if len(kept) >= 4:
@@ -62,7 +62,7 @@ def test_dropped_groups_are_refilled_up_to_the_cap(hf_base, base_dir, tmp_path, 
     assert 0 < metrics["time/rollout_refill"] < metrics["time/rollout"]  # the extra rounds, inside the rollout
     assert metrics["train/dropped_groups"] == len(seen) - len(kept)
     # the step consumed kept + dropped questions (benchmarks/batch_mix.py rebuilds on it)
-    take(trainer.rows, metrics["train/kept_groups"] + metrics["train/dropped_groups"], f"{trainer.cfg.seed}/q", start)
+    take(trainer.rows, metrics["train/kept_groups"] + metrics["train/dropped_groups"], rl_question_key(trainer.cfg.seed), start)
     assert trainer.state.questions == start
     assert len(episodes) == 4 * len(kept) and metrics["train/zero_variance_groups"] == 0
     # accuracy is over every sampled episode: one right of 4 in each mixed group seen

@@ -19,6 +19,12 @@ class Cursor:
     position: int = 0
 
 
+def rl_question_key(seed: int) -> str:
+    """The stream key of an RL run's questions: the trainer draws each step's questions (and every
+    dynamic-sampling refill) from it, and benchmarks/batch_mix.py replays it."""
+    return f"{seed}/q"
+
+
 def epoch_order(n: int, key: str, epoch: int) -> list[int]:
     order = list(range(n))
     random.Random(f"{key}/{epoch}").shuffle(order)

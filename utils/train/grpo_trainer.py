@@ -29,7 +29,7 @@ from utils.agent.episode import dump_episodes
 from utils.agent.rollout import Rollout
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
 from utils.core.stages import StageError
-from utils.core.stream import Cursor, take
+from utils.core.stream import Cursor, rl_question_key, take
 from utils.reward.spec import score_episodes
 from utils.train.guard import SkipStreak, guarded_step, zero_loss
 from utils.train.grpo import batch_accuracy, build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
@@ -208,7 +208,7 @@ class GrpoTrainer:
         if not rl.enabled:
             return self.sft_only_step()
         t0 = time.time()
-        first, rows = self.world.block(take(self.rows, rl.questions_per_step, f"{seed}/q", self.state.questions))
+        first, rows = self.world.block(take(self.rows, rl.questions_per_step, rl_question_key(seed), self.state.questions))
         variants = self.variants()
         rows, episodes, scored, sampling = self._rollouts(rows, first * rl.n_samples, variants)
         self.last_rollout = (rows, episodes)  # what benchmarks/step_profile.py replays
@@ -279,7 +279,7 @@ class GrpoTrainer:
                 break
             rounds += 1
             t0 = time.time()
-            rows = take(self.rows, rl.questions_per_step - len(kept), f"{seed}/q", self.state.questions)
+            rows = take(self.rows, rl.questions_per_step - len(kept), rl_question_key(seed), self.state.questions)
             episodes = self.rollout.run(rows, n=n, seed=seed, step=step, first=rounds * rl.questions_per_step * n)
             scored = score_episodes(episodes, self.spec)
             refill += time.time() - t0

@@ -16,6 +16,7 @@ from utils.core.models import load_causal_lm
 from utils.core.schema import LoraConfig
 from utils.core.tensors import pad
 from utils.agent.episode import Example
+from utils.train.lora_fast import install_fast_lora
 from utils.train.losses import aggregate, gather_logprobs, sft_cross_entropy, token_entropy
 
 
@@ -30,10 +31,13 @@ def load_policy(base_path: Path, lora: LoraConfig, dtype: str = "float32", adapt
     if lora.full_finetune:
         return model.to(device)
     if adapter is not None:
-        return PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable).to(device)
-    cfg = PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                         target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
-    return get_peft_model(model, cfg).to(device)
+        policy = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
+    else:
+        cfg = PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                             target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+        policy = get_peft_model(model, cfg)
+    install_fast_lora(policy)  # the same sum with fewer passes (utils/train/lora_fast.py)
+    return policy.to(device)
 
 
 def policy_device(model):

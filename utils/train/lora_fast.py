@@ -1,0 +1,84 @@
+"""A cheaper forward for peft's LoRA linear layers on their common path.
+
+peft's `lora.Linear.forward` computes `base(x) + lora_B(lora_A(dropout(x))) * scaling`. After the
+two skinny rank-r products it makes two more passes over the full tokens x out output (the scaling,
+then the sum), and autograd keeps and replays both in the backward. On the embedded default
+(hidden 128, rank 8, 28 adapted layers, ~3k tokens a batch) those passes are a large share of what
+LoRA adds to an SFT step over the merged model (benchmarks/sft_step_profile.py, docs/PERFORMANCE.md).
+
+`install_fast_lora` gives each adapted layer a forward that computes the same sum as one GEMM with
+its output accumulated in place:
+
+    base(x) + h @ (scaling * B)^T,   h = A x        (torch.addmm)
+
+The scaling moves onto the r x out weight, a tiny tensor, instead of the tokens x out product. For a
+power-of-two scaling (lora alpha / rank = 2 on every shipped model config) scaling B instead of the
+product is exact in floating point. Whether the GEMM adds `base(x)` after its dot products, as the
+separate sum does, is the BLAS kernel's choice: on the AMD EPYC box the docs quote, losses and
+gradients agree with peft's bit for bit (tests/test_lora_fast.py checks agreement within fp32
+rounding, which holds on any kernel).
+
+Anything off that path runs peft's own forward unchanged: dropout > 0 (the GPU model configs), more
+than one active adapter, an adapter variant (DoRA and the like), merged or disabled adapters, peft's
+per-row `adapter_names`, and inputs whose dtype differs from the adapter's (peft casts them).
+"""
+from __future__ import annotations
+
+import types
+
+
+def fast_path(layer, x, args: tuple, kwargs: dict) -> str | None:
+    """The active adapter's name when `layer`'s forward on `x` may take the fused path, else None."""
+    import torch
+
+    if args or kwargs or layer.disable_adapters or layer.merged:
+        return None
+    active = layer.active_adapters
+    if len(active) != 1 or active[0] not in layer.lora_A or active[0] in layer.lora_variant:
+        return None
+    name = active[0]
+    if not isinstance(layer.lora_dropout[name], torch.nn.Identity):
+        return None
+    weight = layer.lora_A[name].weight
+    if x.dtype != weight.dtype or x.dtype != layer.base_layer.weight.dtype or x.dim() < 2:
+        return None
+    return name
+
+
+def fast_forward(self, x, *args, **kwargs):
+    """`base(x) + B(A x) * scaling` as one addmm into the base output; peft's forward off the path."""
+    import torch
+    import torch.nn.functional as F
+
+    name = fast_path(self, x, args, kwargs)
+    if name is None:
+        return type(self).forward(self, x, *args, **kwargs)
+    result = self.base_layer(x)
+    h = F.linear(x, self.lora_A[name].weight)
+    b = self.lora_B[name].weight * self.scaling[name]
+    shape = result.shape
+    return torch.addmm(result.reshape(-1, shape[-1]), h.reshape(-1, h.shape[-1]), b.t()).view(shape)
+
+
+def install_fast_lora(model) -> int:
+    """Give every peft LoRA linear layer of `model` the fused forward; returns how many it changed.
+    A model without peft LoRA layers (full fine-tuning) is left as it is."""
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    count = 0
+    for module in model.modules():
+        if type(module) is LoraLinear:  # subclasses (quantised layers) keep their own forward
+            module.forward = types.MethodType(fast_forward, module)
+            count += 1
+    return count
+
+
+def uninstall_fast_lora(model) -> int:
+    """Put peft's own forward back on every layer `install_fast_lora` changed (benchmarks compare the
+    two); returns how many it restored."""
+    count = 0
+    for module in model.modules():
+        if getattr(module.__dict__.get("forward"), "__func__", None) is fast_forward:
+            del module.forward
+            count += 1
+    return count
