@@ -59,6 +59,8 @@ def test_load_policy_installs_it_on_every_adapted_layer_and_the_path_is_taken(ba
     assert all(layer.forward.__func__ is lora_fast.fast_forward for layer in layers)
     x = torch.randn(2, 5, 128)
     assert lora_fast.fast_path(layers[0], x, (), {}) == "default"
+    copied = _layers(copy.deepcopy(model))
+    assert all(c.forward.__self__ is c for c in copied)  # a deep copy's layers run on their own weights
     assert lora_fast.install_fast_lora(_peft_copy(model).get_base_model()) == 28  # bare peft layers found again
 
 
