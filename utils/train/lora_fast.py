@@ -20,7 +20,9 @@ rounding, which holds on any kernel).
 
 Anything off that path runs peft's own forward unchanged: dropout > 0 (the GPU model configs), more
 than one active adapter, an adapter variant (DoRA and the like), merged or disabled adapters, peft's
-per-row `adapter_names`, and inputs whose dtype differs from the adapter's (peft casts them).
+per-row `adapter_names`, and inputs whose dtype differs from the adapter's (peft casts them; peft
+keeps a bfloat16 base's adapters in float32, so the GPU model configs stay on peft's forward twice
+over). Only the embedded default's path (float32, no dropout) is measured (docs/PERFORMANCE.md).
 """
 from __future__ import annotations
 
