@@ -19,7 +19,7 @@ Prints each one's median seconds per batch, then the last line
 
     step/merged=<ratio> lora/merged=<ratio> peft/merged=<ratio> optimizer_share=<(step - lora) / step>
 
-With `--compile`, the LoRA model (for the step and its fwd+bwd) and the floor run under
+With `--compile`, the LoRA model (for the step and its fwd+bwd), peft's copy and the floor run under
 `torch.compile(dynamic=True)`; the first pass over each is untimed and its seconds printed (the
 compile cost a run would pay once). A lever to measure, not what 04 does.
 

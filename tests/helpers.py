@@ -97,6 +97,35 @@ def arith_rows(n=12) -> list[dict]:
     return [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])]} for r in rows]
 
 
+def random_examples(n: int, seed: int = 0) -> list:
+    """n planner SFT examples of 12-40 random token ids (3-90), the first 5 masked out."""
+    import random
+
+    from utils.agent.episode import Example
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        length = rng.randint(12, 40)
+        ids = [rng.randint(3, 90) for _ in range(length)]
+        out.append(Example(f"q{i}", "planner", ids, [0] * 5 + [1] * (length - 5)))
+    return out
+
+
+def random_lora(base_dir, dropout: float = 0.0):
+    """The tiny base with a rank-8 LoRA (load_policy's) whose A and B are all drawn at std 0.05
+    (torch seed 0): a fresh adapter's B is zero, which would hide a wrong B product or merge."""
+    from utils.core.schema import LoraConfig
+    from utils.train.policy import load_policy
+
+    torch.manual_seed(0)
+    model = load_policy(base_dir, LoraConfig(rank=8, alpha=16, dropout=dropout))
+    for p in model.parameters():
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.05)
+    return model
+
+
 def greedy_episodes(engine, tok, rows):
     """One greedy episode per row, four planner turns at most, default templates."""
     from utils.agent.rollout import Codec, Rollout, RolloutSpec

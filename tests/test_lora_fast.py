@@ -3,34 +3,13 @@ the tiny model, within fp32 rounding: the kernel decides the last bit), it is wh
 model runs, and every case off its path (dropout, a merged or disabled adapter, another active
 adapter) gets peft's own result."""
 import copy
-import random
 
 import pytest
 import torch
 
-from utils.agent.episode import Example
-from utils.core.schema import LoraConfig
+from helpers import random_examples, random_lora
 from utils.train import lora_fast
-from utils.train.policy import REFERENCE, _serving, load_policy, sft_loss
-
-
-def _batch(n: int = 6, seed: int = 0) -> list[Example]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        length = rng.randint(12, 40)
-        ids = [rng.randint(3, 90) for _ in range(length)]
-        out.append(Example(f"q{i}", "planner", ids, [0] * 5 + [1] * (length - 5)))
-    return out
-
-
-def _model(base_dir, dropout: float = 0.0):
-    torch.manual_seed(0)
-    model = load_policy(base_dir, LoraConfig(rank=8, alpha=16, dropout=dropout))
-    for p in model.parameters():  # B starts at zero: a fresh adapter would hide a wrong B product
-        if p.requires_grad:
-            torch.nn.init.normal_(p, std=0.05)
-    return model
+from utils.train.policy import REFERENCE, _serving, sft_loss
 
 
 def _peft_copy(model):
@@ -53,7 +32,7 @@ def _layers(model):
 
 
 def test_load_policy_installs_it_on_every_adapted_layer_and_the_path_is_taken(base_dir):
-    model = _model(base_dir)
+    model = random_lora(base_dir)
     layers = _layers(model)
     assert len(layers) == 4 * 7  # tiny-arith: 4 layers x (q, k, v, o, gate, up, down)
     assert all(layer.forward.__func__ is lora_fast.fast_forward for layer in layers)
@@ -65,11 +44,11 @@ def test_load_policy_installs_it_on_every_adapted_layer_and_the_path_is_taken(ba
 
 
 def test_loss_and_every_gradient_match_pefts_forward(base_dir):
-    model = _model(base_dir)
+    model = random_lora(base_dir)
     model.train()
     stock = _peft_copy(model)
     assert all(getattr(m.forward, "__func__", None) is not lora_fast.fast_forward for m in _layers(stock))
-    batch = _batch()
+    batch = random_examples(6)
     loss, grads = _loss_and_grads(model, batch)
     ref_loss, ref_grads = _loss_and_grads(stock, batch)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
@@ -80,7 +59,7 @@ def test_loss_and_every_gradient_match_pefts_forward(base_dir):
 
 
 def test_dropout_keeps_pefts_forward(base_dir):
-    model = _model(base_dir, dropout=0.5)
+    model = random_lora(base_dir, dropout=0.5)
     layer = _layers(model)[0]
     assert lora_fast.fast_path(layer, torch.randn(2, 5, 128), (), {}) is None
     model.train()
@@ -93,11 +72,11 @@ def test_dropout_keeps_pefts_forward(base_dir):
 
 @pytest.mark.parametrize("case", ["disabled", "reference", "merged"])
 def test_disabled_merged_and_other_adapters_give_pefts_result(base_dir, tmp_path, case):
-    model = _model(base_dir)
+    model = random_lora(base_dir)
     model.eval()
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     if case == "reference":  # a second adapter, active as the KL reference is while it scores
-        other = _model(base_dir)
+        other = random_lora(base_dir)
         with torch.no_grad():
             for p in other.parameters():
                 if p.requires_grad:

@@ -3,11 +3,10 @@ function: the adapter merged into the weights gives the LoRA model's loss, and t
 reaches every layer while training no weight but the input embedding. And the real step it times
 takes exactly the batches the floor is timed on, in order."""
 import importlib.util
-import random
 
 import torch
 
-from utils.agent.episode import Example
+from helpers import random_examples, random_lora
 from utils.core.config import ROOT
 from utils.core.schema import LoraConfig, WarmupConfig
 from utils.train.policy import load_policy, sft_loss
@@ -21,30 +20,11 @@ def _profile_module():
     return module
 
 
-def _examples(n: int, seed: int = 0) -> list[Example]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        length = rng.randint(12, 40)
-        ids = [rng.randint(3, 90) for _ in range(length)]
-        out.append(Example(f"q{i}", "planner", ids, [0] * 5 + [1] * (length - 5)))
-    return out
-
-
-def _lora_model(base_dir):
-    torch.manual_seed(0)
-    model = load_policy(base_dir, LoraConfig(rank=8, alpha=16))
-    for p in model.parameters():  # a non-zero adapter: merging it must change the weights
-        if p.requires_grad:
-            torch.nn.init.normal_(p, std=0.05)
-    return model
-
-
 def test_the_merged_floor_computes_the_lora_models_loss_and_trains_only_the_embedding(base_dir):
     mod = _profile_module()
-    model = _lora_model(base_dir)
+    model = random_lora(base_dir)
     model.train()
-    batch = _examples(6)
+    batch = random_examples(6)
     floor = mod.merged_floor(model)
     assert not any("lora" in name for name, _ in floor.named_parameters())
     torch.testing.assert_close(sft_loss(floor, batch, 0), sft_loss(model, batch, 0), atol=1e-5, rtol=1e-5)
@@ -58,11 +38,11 @@ def test_the_merged_floor_computes_the_lora_models_loss_and_trains_only_the_embe
 
 def test_the_timed_steps_take_the_recorded_batches_in_order(base_dir, tmp_path):
     mod = _profile_module()
-    model = _lora_model(base_dir)
-    loop = SftLoop(model, _examples(10, seed=1), WarmupConfig(steps=8, batch_size=4), 3, 0, tmp_path, None, "x")
+    model = random_lora(base_dir)
+    loop = SftLoop(model, random_examples(10, seed=1), WarmupConfig(steps=8, batch_size=4), 3, 0, tmp_path, None, "x")
     batches = mod.record_batches(loop, 5)
     assert loop.state.step == 0 and loop.state.data.position == 0  # recording consumed nothing
-    fresh = SftLoop(model, _examples(10, seed=1), WarmupConfig(steps=8, batch_size=4), 3, 0, tmp_path, None, "x")
+    fresh = SftLoop(model, random_examples(10, seed=1), WarmupConfig(steps=8, batch_size=4), 3, 0, tmp_path, None, "x")
     assert [[e.qid for e in fresh._next_batch()] for _ in range(5)] == [[e.qid for e in b] for b in batches]
     stepped = []
     real_loss = loop._loss

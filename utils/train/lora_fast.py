@@ -3,11 +3,12 @@
 peft's `lora.Linear.forward` computes `base(x) + lora_B(lora_A(dropout(x))) * scaling`. After the
 two skinny rank-r products it makes two more passes over the full tokens x out output (the scaling,
 then the sum), and autograd keeps and replays both in the backward. On the embedded default
-(hidden 128, rank 8, 28 adapted layers, ~3k tokens a batch) those passes are a large share of what
-LoRA adds to an SFT step over the merged model (benchmarks/sft_step_profile.py, docs/PERFORMANCE.md).
+(hidden 128, rank 8, 28 adapted layers, ~3k tokens a batch) removing them closed about a fifth of
+what LoRA adds to an SFT step over the merged model (benchmarks/sft_step_profile.py,
+docs/PERFORMANCE.md).
 
-`install_fast_lora` gives each adapted layer a forward that computes the same sum as one GEMM with
-its output accumulated in place:
+`install_fast_lora` gives each adapted layer a forward that computes the same sum as one GEMM that
+adds `base(x)` to its product (out of place: an in-place `addmm_` on the base output was no faster):
 
     base(x) + h @ (scaling * B)^T,   h = A x        (torch.addmm)
 
