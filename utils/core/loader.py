@@ -41,6 +41,7 @@ def config_from_layers(layers: list[tuple[str, dict]]) -> RunConfig:
         hint = f"; these flags are method '{other}': use --algorithm {other}" if other else ""
         raise ConfigError(f"algorithm.method '{cfg.algorithm.method}' contradicts {'; '.join(problems)}{hint}")
     check_process(cfg)
+    check_minibatches(cfg)
     check_run_id(cfg.run_id)
     return cfg
 
@@ -139,6 +140,15 @@ def check_process(cfg: RunConfig) -> None:
                           f"{cfg.algorithm.rl.policy_loss}, red_paper.offline "
                           f"{str(cfg.algorithm.red_paper.offline).lower()}); use it with red, grpo, fixed_sft, "
                           f"matched_sft or rloo")
+
+
+def check_minibatches(cfg: RunConfig) -> None:
+    """red_paper's entropy weight compares the expert and the rollout tokens of one batch, which
+    minibatches (algorithm.rl.ppo_minibatches > 1) would split between optimizer steps."""
+    if cfg.algorithm.rl.ppo_minibatches > 1 and cfg.algorithm.red_paper.offline and cfg.algorithm.rl.enabled:
+        raise ConfigError(f"algorithm.rl.ppo_minibatches={cfg.algorithm.rl.ppo_minibatches} with red_paper's expert "
+                          f"traces (algorithm.red_paper.offline): their entropy weight needs the expert and rollout "
+                          f"tokens in one batch; set algorithm.rl.ppo_minibatches=1")
 
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*")

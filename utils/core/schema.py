@@ -155,6 +155,8 @@ class RlConfig:
     kl_coef: float = field(0.0, "k3 KL coefficient to the reference: the SFT warmup RL starts from.", minimum=0.0)
     entropy_coef: float = field(0.0, "beta: entropy bonus.")
     ppo_epochs: int = field(1, "Optimizer passes per rollout batch.", minimum=1)
+    ppo_minibatches: int = field(1, "Optimizer steps per pass: the batch's episodes split into this many parts "
+                                    "(whole episodes), each with its share of the SFT batch.", minimum=1)
     weight_decay: float = field(0.0, "AdamW weight decay of the RL optimizer.", minimum=0.0)
     max_grad_norm: float = field(1.0, "Gradient-norm clip of each RL optimizer step.", minimum=0.0)
     max_skips_in_a_row: int = field(5, "Stop the run when this many optimizer steps in a row were skipped "

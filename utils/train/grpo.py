@@ -97,6 +97,46 @@ def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int, role
                    torch.tensor([s[2] or 0.0 for s in seqs]), token_adv, torch.tensor([s[4] for s in seqs]))
 
 
+def minibatch_rows(batch: RlBatch, parts: int) -> list[torch.Tensor]:
+    """Row indices of `parts` minibatches of whole episodes: an episode's planner and executor
+    sequences stay together, consecutive episodes go together, as even as the count allows; a part
+    that got no episode is empty (a rank with fewer episodes than parts still takes every step)."""
+    episode = batch.episode if batch.episode is not None else torch.arange(len(batch.adv))
+    return [torch.isin(episode, chunk).nonzero().squeeze(1) for chunk in torch.tensor_split(episode.unique(), parts)]
+
+
+def take_rows(batch: RlBatch, rows: torch.Tensor, *per_token: torch.Tensor | None) -> tuple:
+    """(the batch's `rows` cut to their longest sequence, then the same rows and token columns of each
+    [S, T-1] tensor in `per_token`; None stays None)."""
+    width = int(batch.attn[rows].sum(1).max())  # right padded: the longest kept sequence's length
+
+    def cut(t):
+        if t is None:
+            return None
+        t = t[rows]
+        if t.dim() == 1:
+            return t
+        return t[:, :width] if t.shape[1] == batch.ids.shape[1] else t[:, :width - 1]
+
+    part = replace(batch, roles=[batch.roles[i] for i in rows.tolist()],
+                   **{f.name: cut(getattr(batch, f.name)) for f in fields(batch)
+                      if isinstance(getattr(batch, f.name), torch.Tensor)})
+    return (part, *(cut(t) for t in per_token))
+
+
+def sft_parts(sft: tuple | None, parts: int) -> list[tuple | None]:
+    """An `sft_batch` (ids, attn, mask) in `parts` consecutive row ranges, each cut to its longest
+    example; None for a range with no example (or when there is no SFT batch)."""
+    if sft is None or parts == 1:
+        return [sft] * parts
+    ids, attn, mask = sft
+    out = []
+    for rows in torch.tensor_split(torch.arange(len(ids)), parts):
+        width = int(attn[rows].sum(1).max()) if len(rows) else 0
+        out.append((ids[rows, :width], attn[rows, :width], mask[rows, :width - 1]) if len(rows) else None)
+    return out
+
+
 def _agg(rl, batch: RlBatch) -> Agg:
     """The configured aggregation over this batch's episodes (utils/train/losses.py Agg)."""
     return Agg(rl.loss_agg, batch.episode, rl.loss_horizon)

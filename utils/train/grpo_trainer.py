@@ -32,7 +32,8 @@ from utils.core.stages import StageError
 from utils.core.stream import Cursor, rl_question_key, take
 from utils.reward.spec import score_episodes
 from utils.train.guard import SkipStreak, guarded_step, zero_loss
-from utils.train.grpo import batch_accuracy, build_rl_batch, group_advantages, red_grpo_loss, zero_variance_fraction
+from utils.train.grpo import (batch_accuracy, build_rl_batch, group_advantages, minibatch_rows, red_grpo_loss,
+                              sft_parts, take_rows, zero_variance_fraction)
 from utils.train.policy import (dropout_active, forward_logprobs, policy_device, reference_logprobs, sft_batch,
                                 sft_terms)
 from utils.train.red import RedState, red_update
@@ -156,10 +157,13 @@ class GrpoTrainer:
 
         Before the first optimizer pass the policy being updated is the one that sampled, so the old
         log-probs are the first pass's own, detached (grpo.red_grpo_loss; `_update` keeps them for
-        the later passes): None here, and no separate forward. Only a model with dropout on, whose
-        train-mode forward is not its eval-mode one, gets them here when it takes several passes."""
+        the later passes): None here, and no separate forward. They are computed here when that does
+        not hold: with minibatches (`ppo_minibatches` > 1) every part after the first is trained on a
+        policy that has already moved, and a model with dropout on, whose train-mode forward is not
+        its eval-mode one, needs them once it takes several passes."""
         rl = self.alg.rl
-        need_old, need_ref = rl.ppo_epochs > 1 and dropout_active(self.model), rl.kl_coef > 0
+        need_old = rl.ppo_minibatches > 1 or (rl.ppo_epochs > 1 and dropout_active(self.model))
+        need_ref = rl.kl_coef > 0
         if batch is None or not (need_old or need_ref):
             return None, None
         self.model.eval()
@@ -183,19 +187,31 @@ class GrpoTrainer:
         anyone = batch is not None
         if self.world.size > 1:  # a step trains if any rank has sequences to train on
             anyone = self.world.sum(torch.tensor([float(anyone)])).item() > 0
+        parts = self.alg.rl.ppo_minibatches
+        rows = minibatch_rows(batch, parts) if batch is not None and parts > 1 else None
+        sfts = sft_parts(sft, parts)
         for _ in range(self.alg.rl.ppo_epochs):
             if not anyone:
                 break
-            if batch is None:  # another rank has sequences to train on: join its step with zeros
-                skipped, grad = self._optimize(zero_loss(self.model))
-            else:
-                terms = red_grpo_loss(self.model, batch, old_lp, sft, self.alg, red, accuracy, ref_lp,
-                                      self.state.red_paper)
-                stats, old_lp = terms.stats, terms.logp if old_lp is None else old_lp
-                skipped, grad = self._optimize(terms.loss)
+            done = []  # this pass's stats, one dict per optimizer step
+            for k in range(parts):
+                if batch is None or (rows is not None and not len(rows[k])):  # join the step with zeros
+                    skipped, grad = self._optimize(zero_loss(self.model))
+                    step_stats = {}
+                else:
+                    part = (batch, old_lp, ref_lp) if rows is None else take_rows(batch, rows[k], old_lp, ref_lp)
+                    terms = red_grpo_loss(self.model, *part[:2], sfts[k], self.alg, red, accuracy, part[2],
+                                          self.state.red_paper)
+                    step_stats, old_lp = terms.stats, terms.logp if old_lp is None else old_lp
+                    skipped, grad = self._optimize(terms.loss)
+                if not skipped:
+                    step_stats["actor/grad_norm"] = grad
+                done.append(step_stats)
+                if skipped:
+                    break
+            stats = done[0] if len(done) == 1 else _mean_stats(done)
             if skipped:
                 break
-            stats["actor/grad_norm"] = grad
         stats = self.world.mean(stats)  # the whole step's: every rank's RED state follows the same values
         if sft is not None and "actor/sft_entropy" in stats and not skipped:
             red = red_update(red, stats["actor/sft_entropy"], stats["actor/rl_entropy"],
@@ -320,6 +336,12 @@ class GrpoTrainer:
                 self.save()
         self.model.eval()
         return history
+
+
+def _mean_stats(steps: list[dict]) -> dict:
+    """Each key's mean over the optimizer steps of one pass that logged it."""
+    keys = dict.fromkeys(k for d in steps for k in d)
+    return {k: sum(d[k] for d in steps if k in d) / sum(k in d for d in steps) for k in keys}
 
 
 def _step_metrics(step: int, scored: list[dict], rewards: list[float], accuracy: float, group: int, skipped: int,
