@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from helpers import REGIME_D, make_trainer
-from utils.core.loader import load_run_config
 from utils.core.config import ConfigError
+from utils.core.loader import load_run_config
 from utils.train.grpo import RlBatch, minibatch_rows, sft_parts, take_rows
 from utils.train.policy import forward_logprobs, load_policy
 
@@ -32,9 +32,8 @@ def test_parts_hold_whole_episodes_and_every_row_once():
     assert [p.tolist() for p in parts] == [[0, 1, 2, 3, 4], [5, 6]]  # episodes {0, 1} and {2, 3}
     three = minibatch_rows(batch, 3)
     assert sorted(torch.cat(three).tolist()) == list(range(7))
-    for p in three:  # no episode is cut between two parts
-        assert not set(batch.episode[p].tolist()) & set(batch.episode[torch.tensor(
-            [i for i in range(7) if i not in p.tolist()], dtype=torch.long)].tolist())
+    for e in range(4):  # no episode is cut between two parts
+        assert sum(e in batch.episode[p].tolist() for p in three) == 1
     # more parts than episodes: the last ones are empty, so every rank still takes the same steps
     assert [len(p) for p in minibatch_rows(batch, 6)] == [2, 3, 1, 1, 0, 0]
     assert [p.tolist() for p in minibatch_rows(batch, 1)] == [list(range(7))]
@@ -55,7 +54,8 @@ def test_a_part_is_its_rows_cut_to_their_longest_sequence(base_dir):
     with torch.no_grad():
         whole, _ = forward_logprobs(model, batch.ids, batch.attn)
         cut, _ = forward_logprobs(model, part.ids, part.attn)
-    torch.testing.assert_close(cut * part.mask, whole[rows, :11] * part.mask, atol=1e-4, rtol=1e-4)  # fp32: a column off is O(1)
+    # fp32 rounding only: a part one column off would differ by O(1)
+    torch.testing.assert_close(cut * part.mask, whole[rows, :11] * part.mask, atol=1e-4, rtol=1e-4)
 
 
 def test_the_sft_batch_splits_into_consecutive_rows():
@@ -94,4 +94,5 @@ def test_minibatches_take_one_optimizer_step_per_part(hf_engine, protocol_adapte
 def test_minibatches_refuse_red_papers_expert_traces():
     with pytest.raises(ConfigError, match="ppo_minibatches=2 with red_paper"):
         load_run_config(algorithm="red_paper", overrides=["algorithm.rl.ppo_minibatches=2"])
-    assert load_run_config(algorithm="red", overrides=["algorithm.rl.ppo_minibatches=2"]).algorithm.rl.ppo_minibatches == 2
+    red = load_run_config(algorithm="red", overrides=["algorithm.rl.ppo_minibatches=2"])
+    assert red.algorithm.rl.ppo_minibatches == 2
