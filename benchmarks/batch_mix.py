@@ -28,16 +28,18 @@ from utils.core.schema import RunConfig  # noqa: E402
 from utils.core.stream import Cursor, rl_question_key, take  # noqa: E402
 from utils.eval.evaluation import gold_subtask_counts  # noqa: E402
 from utils.eval.mechanism import first_last_tenths  # noqa: E402
-from utils.train.rl_stage import rl_questions  # noqa: E402
+from utils.train.questions import rl_questions, rl_strata  # noqa: E402
 
 
-def step_questions(rows: list[dict], steps: list[dict], seed: int, per_step: int) -> list[list[dict]]:
+def step_questions(rows: list[dict], steps: list[dict], seed: int, per_step: int,
+                   strata: list[int] | None = None) -> list[list[dict]]:
     """Each step's sampled questions: the stream's next kept + dropped rows, or `per_step`
-    (questions_per_step) for a step without dynamic sampling (no kept groups logged)."""
+    (questions_per_step) for a step without dynamic sampling (no kept groups logged); `strata` as
+    the trainer draws them under algorithm.rl.stratify."""
     cursor, out = Cursor(), []
     for m in steps:
         n = m["train/kept_groups"] + m["train/dropped_groups"] if "train/kept_groups" in m else per_step
-        out.append(take(rows, n, rl_question_key(seed), cursor))
+        out.append(take(rows, n, rl_question_key(seed), cursor, strata=strata))
     return out
 
 
@@ -75,7 +77,9 @@ def report(run: Path, by_length: list[float]) -> list[str]:
         steps = [m for m in read_jsonl(out / "metrics.jsonl") if "train/accuracy" in m and "time/rollout" in m]
         if len(steps) < 3:
             continue
-        questions = step_questions(rl_questions(rows, cfg, out), steps, cfg.seed, cfg.algorithm.rl.questions_per_step)
+        pool = rl_questions(rows, cfg, out)
+        strata = rl_strata(pool, out) if cfg.algorithm.rl.stratify else None
+        questions = step_questions(pool, steps, cfg.seed, cfg.algorithm.rl.questions_per_step, strata)
         mix = [mix_accuracy(q, by_length) for q in questions]
         seen = [m["train/accuracy"] for m in steps]
         r = statistics.correlation(detrend(mix), detrend(seen))

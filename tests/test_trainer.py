@@ -276,19 +276,6 @@ def test_rl_batch_trains_the_roles_asked_for(base_dir):
         build_rl_batch(episodes, adv, 0, "critic")
 
 
-def test_rl_questions_keep_rows_with_enough_gold_subtasks(tmp_path):
-    from utils.core.stages import StageError
-    from utils.train.rl_stage import rl_questions
-
-    rows = [{"id": f"r{i}", "meta": {"steps": [{}] * i}} for i in range(1, 7)] + [{"id": "bare", "meta": {}}]
-    path = tmp_path / "train.jsonl"
-    assert rl_questions(rows, load_run_config(), path) == rows  # 0: every row, in order
-    kept = rl_questions(rows, load_run_config(overrides=["algorithm.rl.min_subtasks=4"]), path)
-    assert [r["id"] for r in kept] == ["r4", "r5", "r6"]  # the row without a decomposition is left out
-    with pytest.raises(StageError, match=r"train.jsonl: no row has a gold decomposition of 7 or more subtasks"):
-        rl_questions(rows, load_run_config(overrides=["algorithm.rl.min_subtasks=7"]), path)
-
-
 @pytest.mark.parametrize("stage, method, owner", [("05_train_red_grpo", "grpo", "06_ablate_grpo_only"),
                                                   ("05_train_red_grpo", "red_paper", "06_ablate_grpo_only"),
                                                   ("06_ablate_grpo_only", "red", "05_train_red_grpo"),

@@ -131,6 +131,11 @@ class RlConfig:
                                      "rounds a step (0 = off). One rank only; not with red_paper.", minimum=0)
     min_subtasks: int = field(0, "RL questions: only train rows whose gold decomposition has at least this many "
                                  "subtasks (0 = every row). SFT traces are unaffected (traces.*).", minimum=0)
+    max_subtasks: int = field(0, "RL questions: only train rows whose gold decomposition has at most this many "
+                                 "subtasks (0 = no upper bound).", minimum=0)
+    stratify: bool = field(False, "Draw RL questions in a fixed gold-length mix: each epoch interleaves the "
+                                  "lengths' shuffled rows in proportion, so every step's batch holds about the "
+                                  "pool's mix (utils/core/stream.py). Every row needs a gold decomposition.")
     temperature: float = field(0.7, "Rollout sampling temperature (chosen on val, docs/RESULTS.md).", minimum=0.0)
     lr: float = field(1e-4, "Learning rate (regime D's, chosen on val; imperfect_teacher sets 4e-4).", minimum=0.0)
     clip_low: float = field(0.2, "PPO clip below 1.", minimum=0.0)

@@ -36,6 +36,7 @@ from utils.train.grpo import (batch_accuracy, build_rl_batch, group_advantages, 
                               sft_parts, take_rows, zero_variance_fraction)
 from utils.train.policy import (dropout_active, forward_logprobs, policy_device, reference_logprobs, sft_batch,
                                 sft_terms)
+from utils.train.questions import rl_strata
 from utils.train.red import RedState, red_update
 from utils.train.variants import StepData, active_variants
 from utils.train.world import SOLO, World
@@ -60,6 +61,7 @@ class GrpoTrainer:
                  world: World = SOLO):
         self.cfg, self.alg, self.model, self.engine, self.rollout = cfg, cfg.algorithm, model, engine, rollout
         self.spec, self.rows, self.sft_examples, self.pad_id = spec, rows, sft_examples, pad_id
+        self.strata = rl_strata(rows, out_dir) if cfg.algorithm.rl.stratify else None  # gold lengths, mixed evenly
         self.offline = offline or {}  # red_paper: question id -> OfflineSample (utils/agent/traces.py)
         self.prm = None  # reward.process.source judge: a JudgePRM (utils/reward/process.py), set by build_trainer
         self.out, self.logger, self.config_sha, self.world = out_dir, logger, config_sha, world
@@ -109,6 +111,10 @@ class GrpoTrainer:
         if state is not None:
             self.state = TrainState.from_json(state)
         return state is not None
+
+    def next_questions(self, k: int) -> list[dict]:
+        """The RL question stream's next k rows (every rank's share; utils/core/stream.py)."""
+        return take(self.rows, k, rl_question_key(self.cfg.seed), self.state.questions, strata=self.strata)
 
     def _sft_examples(self) -> list:
         """The next SFT batch (this rank's shard of it)."""
@@ -220,11 +226,11 @@ class GrpoTrainer:
         return stats, skipped
 
     def step(self) -> dict:
-        rl, seed, timings = self.alg.rl, self.cfg.seed, {}
+        rl, timings = self.alg.rl, {}
         if not rl.enabled:
             return self.sft_only_step()
         t0 = time.time()
-        first, rows = self.world.block(take(self.rows, rl.questions_per_step, rl_question_key(seed), self.state.questions))
+        first, rows = self.world.block(self.next_questions(rl.questions_per_step))
         variants = self.variants()
         rows, episodes, scored, sampling = self._rollouts(rows, first * rl.n_samples, variants)
         self.last_rollout = (rows, episodes)  # what benchmarks/step_profile.py replays
@@ -295,7 +301,7 @@ class GrpoTrainer:
                 break
             rounds += 1
             t0 = time.time()
-            rows = take(self.rows, rl.questions_per_step - len(kept), rl_question_key(seed), self.state.questions)
+            rows = self.next_questions(rl.questions_per_step - len(kept))
             episodes = self.rollout.run(rows, n=n, seed=seed, step=step, first=rounds * rl.questions_per_step * n)
             scored = score_episodes(episodes, self.spec)
             refill += time.time() - t0

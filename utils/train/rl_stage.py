@@ -26,6 +26,7 @@ from utils.core.stages import StageError, model_dir, output_path, parent, stage_
 from utils.core.tracking import MetricsLogger, NullLogger
 from utils.reward.spec import read_spec
 from utils.train.policy import add_reference, load_policy
+from utils.train.questions import rl_questions
 from utils.train.world import SOLO, World, join_world
 
 WANDB_PROJECT = "red-coda"
@@ -105,19 +106,6 @@ def build_trainer(cfg, adapter: Path, traces: Path, train_path: Path, spec_path:
         judge.set_adapter(adapter)  # the judge is the SFT warmup RL starts from, fixed for the run
         trainer.prm = JudgePRM(judge, tok, spec.process.judge_template, spec.process.judge_max_tokens)
     return trainer
-
-
-def rl_questions(rows: list[dict], cfg, path: Path) -> list[dict]:
-    """The train rows RL samples questions from: all, or with algorithm.rl.min_subtasks > 0 those whose
-    gold decomposition (meta.steps) has at least that many subtasks (rows without one are left out)."""
-    k = cfg.algorithm.rl.min_subtasks
-    if k <= 0:
-        return rows
-    kept = [r for r in rows if len((r.get("meta") or {}).get("steps") or []) >= k]
-    if not kept:
-        raise StageError(f"{path}: no row has a gold decomposition of {k} or more subtasks "
-                         f"(algorithm.rl.min_subtasks={k}); set it to 0 to use every row")
-    return kept
 
 
 def run_rl_stage(stage: str, description: str, argv: list[str], default_algorithm: str) -> int:
