@@ -291,3 +291,17 @@ def test_each_rl_script_refuses_the_other_scripts_methods(tmp_path, capsys, stag
     err = capsys.readouterr().err
     assert f"{stage}: {method} is" in err and f"trained by {owner}.py" in err and f"--method {method}" in err
     assert not (tmp_path / "t").exists()
+
+
+def test_rl_lr_warms_up_linearly_from_the_step_alone(base_dir, tmp_path):
+    cfg = load_run_config(algorithm="grpo", overrides=["algorithm.rl.lr=4e-4", "algorithm.rl.lr_warmup_steps=4"])
+    trainer = make_trainer(cfg, None, None, tmp_path, base_dir)
+    seen = []
+    for step in range(6):
+        trainer.state.step = step  # a resumed run sets the step from its checkpoint: the same lr follows
+        seen.append(trainer._set_lr())
+        assert all(g["lr"] == seen[-1] for g in trainer.opt.param_groups)
+    assert seen == pytest.approx([1e-4, 2e-4, 3e-4, 4e-4, 4e-4, 4e-4])
+    constant = make_trainer(load_run_config(algorithm="grpo", overrides=["algorithm.rl.lr=4e-4"]), None, None,
+                            tmp_path / "constant", base_dir)
+    assert constant._set_lr() == 4e-4 and constant.opt.param_groups[0]["lr"] == 4e-4

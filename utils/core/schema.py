@@ -138,6 +138,8 @@ class RlConfig:
                                   "pool's mix (utils/core/stream.py). Every row needs a gold decomposition.")
     temperature: float = field(0.7, "Rollout sampling temperature (chosen on val, docs/RESULTS.md).", minimum=0.0)
     lr: float = field(1e-4, "Learning rate (regime D's, chosen on val; imperfect_teacher sets 4e-4).", minimum=0.0)
+    lr_warmup_steps: int = field(0, "Linear learning-rate warmup: step s of the first N trains at lr · s / N "
+                                    "(0 = the lr from the first step).", minimum=0)
     clip_low: float = field(0.2, "PPO clip below 1.", minimum=0.0)
     clip_high: float = field(0.28, "PPO clip above 1 (clip-higher, as in DAPO).", minimum=0.0)
     loss_agg: str = field("token-mean", "How per-token losses are averaged (seq-mean: over episodes).", LOSS_AGGS)

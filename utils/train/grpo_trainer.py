@@ -3,7 +3,8 @@
 Checkpoints (`ckpt/step_N/`, every `save_freq` steps, last `keep_last` kept) are assembled under a
 temporary name and renamed, and hold everything a resume restores: the adapter, the optimizer,
 torch/python RNG states, the RED state, the question and SFT data cursors and the step (the RL
-learning rate is constant: there is no scheduler). Rollout randomness derives from (seed, step,
+learning rate is a function of the step alone: constant, or a linear warmup over
+`rl.lr_warmup_steps`). Rollout randomness derives from (seed, step,
 index), so a resumed run on CPU reproduces an uninterrupted one. A non-finite reward, loss or
 gradient skips the optimizer step (logged as `train/skipped_nonfinite`) and never reaches a
 checkpoint; `rl.max_skips_in_a_row` skips in a row stop the run with an error naming the steps.
@@ -133,6 +134,15 @@ class GrpoTrainer:
         return time.time() - t0
 
     # ------------------------------------------------------------ one step
+    def _set_lr(self) -> float:
+        """The coming step's learning rate: rl.lr, ramped linearly over the first rl.lr_warmup_steps
+        steps (step s of N trains at lr · s / N)."""
+        rl = self.alg.rl
+        lr = rl.lr * min(1.0, (self.state.step + 1) / rl.lr_warmup_steps) if rl.lr_warmup_steps else rl.lr
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        return lr
+
     def _optimize(self, loss: torch.Tensor) -> tuple[int, float]:
         """One guarded step; with several ranks on the mean of their losses (gradients summed / N)."""
         if self.world.size > 1:
@@ -227,6 +237,7 @@ class GrpoTrainer:
 
     def step(self) -> dict:
         rl, timings = self.alg.rl, {}
+        lr = self._set_lr()
         if not rl.enabled:
             return self.sft_only_step()
         t0 = time.time()
@@ -269,7 +280,8 @@ class GrpoTrainer:
             if self.world.main:
                 dump_episodes(dumped, self.out / "episodes" / f"step_{self.state.step}.jsonl")
         return _step_metrics(self.state.step, everyone, [s["reward"] for s in everyone], accuracy, rl.n_samples,
-                             skipped, float(mismatch), {**stats, **sampling, **timings})
+                             skipped, float(mismatch),
+                             {**stats, **sampling, **timings, **({"actor/lr": lr} if rl.lr_warmup_steps else {})})
 
     def _rollouts(self, rows: list[dict], first: int, variants=()) -> tuple[list[dict], list, list[dict], dict]:
         """Roll out and score `rows` (n samples each; `first` the first episode's index). With dynamic
