@@ -2,7 +2,7 @@
 
     python 09_driver.py --method red|grpo|fixed_sft|matched_sft|sft|rloo|gspo|red_paper|all|M1,M2,…
                         [--run_id run_001] [--seeds 1,2,3]
-                        [--config run.yaml] [--model tiny-arith] [--data synthetic_arith] [--force]
+                        [--config run.yaml] [--model tiny-arith] [--data synthetic_arith] [--force] [--dry_run]
                         [--executor sequential|ray] [--launch fork|exec] [--ray_address ADDR] [--ray_cpus N]
                         [--branch_cpus C] [--branch_gpus G] [--set key=value ...]
 
@@ -12,7 +12,8 @@ SFT weight) → 07 on base, sft_warmup and every method, in one process sharing 
 08_compare_runs over all seeds writes outputs/<run_id>/08_compare_runs/report.md.
 A stage whose manifest already matches (same config slice hash, same input hashes, same parent
 manifests, completed) is skipped, so a second invocation with nothing changed only checks, and an
-interrupted one resumes (the interrupted stage itself resumes from its last checkpoint). With
+interrupted one resumes (the interrupted stage itself resumes from its last checkpoint). A stage that
+re-runs says why (a config change names each differing setting); --dry_run only prints those verdicts. With
 several seeds, seed s writes to outputs/<run_id>/seed_<s>/. --set overrides reach every stage.
 outputs/<run_id>/run_manifest.json lists every stage's manifest and what the driver did with it.
 One driver at a time per run: a second one on the same --run_id is refused, naming the first
@@ -34,7 +35,8 @@ from utils.core.manifest import rel
 from utils.core.methods import METHODS, STUDY
 from utils.core.signals import TERMINATED_EXIT, Terminated, sigterm_as_interrupt, stop_word
 from utils.core.stages import DISK_ERRORS, disk_error
-from utils.run.driver import REPORT, RunManifest, plan, run_batch, run_sequential, stage_count, stage_path
+from utils.run.driver import (REPORT, RunManifest, dry_run, plan, run_batch, run_sequential, stage_count,
+                              stage_path)
 
 
 def main(argv=None) -> int:
@@ -48,6 +50,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="tiny-arith")
     ap.add_argument("--data", default="synthetic_arith")
     ap.add_argument("--force", action="store_true", help="re-run every stage")
+    ap.add_argument("--dry_run", action="store_true",
+                    help="print which stages would run or be skipped, and why; run and write nothing")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--executor", choices=("sequential", "ray"), default="sequential",
                     help="sequential: one stage at a time (default); ray: independent branches as Ray tasks")
@@ -74,6 +78,10 @@ def main(argv=None) -> int:
         base += ["--set", item]
     root = base + ["--run_id", args.run_id]
     run_root = stage_path(root, REPORT).parent
+    if args.dry_run:
+        n = dry_run(plan(methods), seeds, lambda seed: _common(args, seeds, base, seed), root, args.force)
+        print(f"09_driver: dry run: {n} stage(s) to run; nothing was run or written")
+        return 0
     try:
         with sigterm_as_interrupt(), RunLock(run_root):  # one writer per run; our stages get through
             os.environ[HOLDER_ENV] = str(os.getpid())
@@ -94,6 +102,12 @@ def main(argv=None) -> int:
         os.environ.pop(HOLDER_ENV, None)
 
 
+def _common(args, seeds, base, seed) -> list[str]:
+    """A seed's stage arguments: its own run folder (seed_<s>) when the run has several seeds."""
+    common = base + ["--run_id", args.run_id if seed is None or len(seeds) == 1 else f"{args.run_id}/seed_{seed}"]
+    return common + (["--seed", str(seed)] if seed is not None else [])
+
+
 def _run(args, methods, seeds, base, root, run_root) -> int:
     log = RunManifest(run_root / "run_manifest.json", args.run_id, methods, seeds, sys.argv[1:], root)
     log.write()
@@ -101,8 +115,7 @@ def _run(args, methods, seeds, base, root, run_root) -> int:
     total, fork = stage_count(steps, seeds), args.launch == "fork" and args.executor == "sequential"
 
     def common_of(seed):
-        common = base + ["--run_id", args.run_id if seed is None or len(seeds) == 1 else f"{args.run_id}/seed_{seed}"]
-        return common + (["--seed", str(seed)] if seed is not None else [])
+        return _common(args, seeds, base, seed)
 
     if args.executor == "ray":
         from utils.run.ray_executor import run_study

@@ -87,8 +87,16 @@ def test_driver_runs_the_chain_then_skips_then_reruns_downstream(tmp_path):
     assert second.returncode == 0
     assert second.stdout.count("skipped (up to date)") == 10 and "running" not in second.stdout
     assert [s["action"] for s in json.loads((out / RUN / "run_manifest.json").read_text())["stages"]] == ["skipped"] * 10
+    before = {p: p.read_bytes() for p in out.rglob("manifest.json")}
+    dry = _driver(out, data, "algorithm.rl.lr=0.001", "--dry_run")  # says what the next call does, does nothing
+    assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
+    assert "05_train_red_grpo/red: would run (config changed: algorithm.rl.lr 0.0001 → 0.001)" in dry.stdout
+    assert "07_evaluate/red: would run (after 05_train_red_grpo/red re-runs)" in dry.stdout
+    assert dry.stdout.count("would run") == 3 and dry.stdout.count("would skip") == 7, dry.stdout
+    assert {p: p.read_bytes() for p in out.rglob("manifest.json")} == before
     third = _driver(out, data, "algorithm.rl.lr=0.001")  # read only by 05: 05, its evaluation and 08 re-run
     assert _ran(third.stdout) == ["05_train_red_grpo/red", "07_evaluate/red", "08_compare_runs"], third.stdout
+    assert "05_train_red_grpo/red: running (config changed: algorithm.rl.lr 0.0001 → 0.001)" in third.stdout
 
     _tamper_then_rerun(out, data)
 
@@ -157,3 +165,15 @@ def test_method_lists_are_parsed_and_unknown_names_refused(tmp_path, capsys, mon
             driver.main(["--method", bad, *common])
         assert exc.value.code == 2
     assert "unknown method 'bogus'; valid: red, grpo" in capsys.readouterr().err
+
+
+def test_a_config_change_is_named_key_by_key():
+    from utils.run.driver import config_changes
+
+    recorded = {"algorithm": {"rl": {"lr": 1e-4, "steps": 30}, "name": "red"}, "seed": 1, "old": True}
+    assert config_changes(recorded, recorded) == "the config hash differs"
+    now = {"algorithm": {"rl": {"lr": 4e-4, "steps": 30, "stratify": False}, "name": "red"}, "seed": 1}
+    assert config_changes(recorded, now) == "algorithm.rl.lr 0.0001 → 0.0004, algorithm.rl.stratify added (= False), old removed"
+    assert config_changes(recorded, {**now, "seed": 2}, shown=2) == ("algorithm.rl.lr 0.0001 → 0.0004, "
+                                                                   "algorithm.rl.stratify added (= False) and 2 more")
+    assert config_changes({"ops": ("+", "-")}, {"ops": ["+", "-"]}) == "the config hash differs"  # as JSON records it

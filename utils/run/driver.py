@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -100,24 +101,57 @@ def preload(script: str, cfg) -> None:
         gc.freeze()
 
 
-def expected_sha(step: Step, common: list[str]) -> tuple[str, object]:
-    """(the config hash the step's manifest would record if it ran now, its config)."""
+def current_config(step: Step, common: list[str]) -> tuple[dict, object]:
+    """(the config slice the step's manifest would record if it ran now, the run's config)."""
     cfg, _ = parse_stage_args("", common + (["--algorithm", step.algorithm] if step.algorithm else []))
     if step.script == REPORT.script:  # its settings list the evaluations it would read now
-        return config_sha256(compare_settings(cfg, [], DEFAULT_RESAMPLES)), cfg
+        return compare_settings(cfg, [], DEFAULT_RESAMPLES), cfg
     if step.checkpoint:  # an evaluation as 07 runs it for the driver: every test item
-        return config_sha256(evaluation_settings(cfg, step.checkpoint)), cfg
-    return config_sha256(stage_config(cfg, step.script)), cfg
+        return evaluation_settings(cfg, step.checkpoint), cfg
+    return stage_config(cfg, step.script), cfg
+
+
+def expected_sha(step: Step, common: list[str]) -> tuple[str, object]:
+    """(the config hash the step's manifest would record if it ran now, its config)."""
+    config, cfg = current_config(step, common)
+    return config_sha256(config), cfg
+
+
+def _flat(tree, prefix: str = "") -> dict[str, object]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, object] = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def config_changes(recorded: dict, now: dict, shown: int = 3) -> str:
+    """What differs between a manifest's recorded config slice and the one a run would use now, as
+    dotted keys: `key old → new`, `key added (= value)` (a setting the recorded run did not have,
+    e.g. one a newer version of the code introduced) or `key removed`; the first `shown`, then how
+    many more."""
+    old, new = _flat(json.loads(json.dumps(recorded))), _flat(json.loads(json.dumps(now)))
+    changes = []
+    for key in sorted(old.keys() | new.keys()):
+        if key not in old:
+            changes.append(f"{key} added (= {new[key]!r})")
+        elif key not in new:
+            changes.append(f"{key} removed")
+        elif old[key] != new[key]:
+            changes.append(f"{key} {old[key]!r} → {new[key]!r}")
+    more = f" and {len(changes) - shown} more" if len(changes) > shown else ""
+    return ", ".join(changes[:shown]) + more if changes else "the config hash differs"
 
 
 def up_to_date(step: Step, common: list[str]) -> tuple[Path, bool, str]:
     """(stage directory, skip?, reason) for one step."""
-    sha, cfg = expected_sha(step, common)
+    config, cfg = current_config(step, common)
     directory = stage_dir(cfg, step.dir_name)
-    return (directory, *_verdict(directory / MANIFEST_NAME, sha, cfg))
+    return (directory, *_verdict(directory / MANIFEST_NAME, config, cfg))
 
 
-def _verdict(path: Path, sha: str, cfg) -> tuple[bool, str]:
+def _verdict(path: Path, config: dict, cfg) -> tuple[bool, str]:
     if not path.is_file():
         return False, "never ran"
     m = read_manifest(path)
@@ -127,8 +161,8 @@ def _verdict(path: Path, sha: str, cfg) -> tuple[bool, str]:
     if seal != "sealed":
         return False, ("manifest edited by hand (its seal does not match)" if seal == "edited"
                        else "manifest written by an older version (no seal)")
-    if m.get("config_sha256") != sha:
-        return False, "config changed"
+    if m.get("config_sha256") != config_sha256(config):
+        return False, f"config changed: {config_changes(m.get('config') or {}, config)}"
     for p, digest in m.get("inputs", {}).items():
         if not repo_path(p).exists() or path_sha256(repo_path(p)) != digest:
             return False, f"input changed: {p}"
@@ -258,3 +292,33 @@ def run_sequential(steps: list[Step], seeds: list, common_of, force: bool, log: 
                 log.finish(f"failed at {batch[0].dir_name}")
                 return code
     return 0
+
+
+def dry_run(steps: list[Step], seeds: list, common_of, root: list[str], force: bool) -> int:
+    """`09_driver.py --dry_run`: print, for every seed's steps in plan order and then 08, whether the
+    driver would run or skip it and why, running and writing nothing. A stage that is up to date
+    itself but records a parent that would run is marked to run after it (its parent's new manifest
+    would not match). Returns how many stages would run."""
+    total, count = stage_count(steps, seeds), 0
+    for k, seed in enumerate(seeds):
+        common, seed_tag, running = common_of(seed), f" seed {seed}" if len(seeds) > 1 else "", set()
+        for i, step in enumerate(steps):
+            directory, skip, reason = up_to_date(step, common)
+            if force:
+                skip, reason = False, "--force"
+            elif skip:
+                upstream = sorted(set(read_manifest(directory / MANIFEST_NAME).get("parents", {})) & running)
+                if upstream:
+                    skip, reason = False, f"after {', '.join(upstream)} re-runs"
+            if not skip:
+                running.add(step.dir_name)
+            count += not skip
+            print(f"[{k * len(steps) + i + 1}/{total}] {step.dir_name}{seed_tag}: "
+                  f"{'would skip' if skip else 'would run'} ({reason})")
+    _, skip, reason = up_to_date(REPORT, root)
+    if not force and skip and count:
+        skip, reason = False, "after the stages above re-run"
+    skip = skip and not force
+    print(f"[{total}/{total}] {REPORT.dir_name}: {'would skip' if skip else 'would run'} "
+          f"({'--force' if force else reason})")
+    return count + (not skip)
