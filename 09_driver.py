@@ -73,9 +73,8 @@ def main(argv=None) -> int:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [None]
     except ValueError:
         ap.error(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 1,2,3")
-    base = ["--model", args.model, "--data", args.data, *(["--config", args.config] if args.config else [])]
-    for item in args.overrides:
-        base += ["--set", item]
+    base = ["--model", args.model, "--data", args.data, *(["--config", args.config] if args.config else []),
+            *(a for item in args.overrides for a in ("--set", item))]
     root = base + ["--run_id", args.run_id]
     run_root = stage_path(root, REPORT).parent
     if args.dry_run:

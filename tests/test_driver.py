@@ -177,3 +177,29 @@ def test_a_config_change_is_named_key_by_key():
     assert config_changes(recorded, {**now, "seed": 2}, shown=2) == ("algorithm.rl.lr 0.0001 → 0.0004, "
                                                                    "algorithm.rl.stratify added (= False) and 2 more")
     assert config_changes({"ops": ("+", "-")}, {"ops": ["+", "-"]}) == "the config hash differs"  # as JSON records it
+
+
+def test_a_setting_added_at_its_default_keeps_a_stage_up_to_date(tmp_path):
+    from utils.core.loader import load_run_config
+    from utils.core.manifest import StageRun
+    from utils.core.stages import stage_config
+    from utils.run.driver import _verdict, without_new_defaults
+
+    cfg = load_run_config()
+    now = stage_config(cfg, "05_train_red_grpo")
+    recorded = json.loads(json.dumps(now))  # a stage run by code without two of today's settings
+    del recorded["algorithm"]["rl"]["stratify"], recorded["algorithm"]["rl"]["lr_warmup_steps"]
+    with StageRun("05_train_red_grpo/red", tmp_path / "run" / "05_train_red_grpo" / "red", recorded):
+        pass
+    path = tmp_path / "run" / "05_train_red_grpo" / "red" / "manifest.json"
+    assert _verdict(path, now, cfg) == (True, "up to date; settings added since, at their defaults: "
+                                              "algorithm.rl.lr_warmup_steps, algorithm.rl.stratify")
+    on = json.loads(json.dumps(now))
+    on["algorithm"]["rl"]["stratify"] = True  # added, but not at its default: the stage is stale
+    assert _verdict(path, on, cfg) == (False, "config changed: algorithm.rl.stratify added (= True)")
+    on["algorithm"]["rl"].update(stratify=False, lr=0.5)  # any other change still counts
+    assert _verdict(path, on, cfg) == (False, "config changed: algorithm.rl.lr 0.0004 → 0.5")
+    # a section that only holds new settings at their defaults goes whole; unknown keys never do
+    assert without_new_defaults({"seed": 1}, {"seed": 1, "algorithm": {"rl": {"stratify": False}}}) == (
+        {"seed": 1}, "algorithm.rl.stratify")
+    assert without_new_defaults({"seed": 1}, {"seed": 1, "limit": 0}) == ({"seed": 1, "limit": 0}, "")

@@ -144,6 +144,35 @@ def config_changes(recorded: dict, now: dict, shown: int = 3) -> str:
     return ", ".join(changes[:shown]) + more if changes else "the config hash differs"
 
 
+def schema_defaults() -> dict[str, object]:
+    """Every setting's schema default, by dotted key (utils/core/schema.py)."""
+    from utils.core.config import to_dict
+    from utils.core.schema import RunConfig
+
+    return _flat(json.loads(json.dumps(to_dict(RunConfig()))))
+
+
+def without_new_defaults(recorded: dict, now: dict) -> tuple[dict, str]:
+    """`now` without the settings the recorded slice lacks and that sit at their schema default, and
+    their names. A setting the code gained after a stage ran, left at its default, does not make the
+    stage stale: a new setting's default must keep the behaviour the code had before it (every one
+    so far has been checked to train bit for bit as before; docs/ARCHITECTURE.md)."""
+    old, new, defaults = _flat(json.loads(json.dumps(recorded))), _flat(json.loads(json.dumps(now))), schema_defaults()
+    dropped = [k for k in new if k not in old and k in defaults and new[k] == defaults[k]]
+    out = json.loads(json.dumps(now))
+    for key in dropped:
+        *path, leaf = key.split(".")
+        parents = [out]
+        for part in path:
+            parents.append(parents[-1][part])
+        del parents[-1][leaf]
+        for depth in range(len(path), 0, -1):  # a section left empty goes too, as the recorded one lacks it
+            if parents[depth]:
+                break
+            del parents[depth - 1][path[depth - 1]]
+    return out, ", ".join(sorted(dropped))
+
+
 def up_to_date(step: Step, common: list[str]) -> tuple[Path, bool, str]:
     """(stage directory, skip?, reason) for one step."""
     config, cfg = current_config(step, common)
@@ -161,8 +190,12 @@ def _verdict(path: Path, config: dict, cfg) -> tuple[bool, str]:
     if seal != "sealed":
         return False, ("manifest edited by hand (its seal does not match)" if seal == "edited"
                        else "manifest written by an older version (no seal)")
+    added = ""
     if m.get("config_sha256") != config_sha256(config):
-        return False, f"config changed: {config_changes(m.get('config') or {}, config)}"
+        recorded = m.get("config") or {}
+        config, added = without_new_defaults(recorded, config)
+        if m.get("config_sha256") != config_sha256(config):
+            return False, f"config changed: {config_changes(recorded, config)}"
     for p, digest in m.get("inputs", {}).items():
         if not repo_path(p).exists() or path_sha256(repo_path(p)) != digest:
             return False, f"input changed: {p}"
@@ -173,7 +206,7 @@ def _verdict(path: Path, config: dict, cfg) -> tuple[bool, str]:
         ppath = stage_dir(cfg, parent) / MANIFEST_NAME
         if not ppath.is_file() or manifest_digest(read_manifest(ppath)) != digest:
             return False, f"parent re-ran: {parent}"
-    return True, "up to date"
+    return True, f"up to date; settings added since, at their defaults: {added}" if added else "up to date"
 
 
 def stage_path(common: list[str], step: Step) -> Path:
