@@ -20,16 +20,16 @@ from utils.data.synthetic import write_dataset
 RUN = "red"  # a run id that is also a method and a checkpoint name: the driver must not confuse them
 
 
-def _argv(out, data, method, extra):
+def _argv(out, data, method, extra, flags=()):
     sets = set_args(*TINY, f"outputs_dir={out}", f"data.path={data}", *extra)
-    return [sys.executable, "09_driver.py", "--method", method, "--run_id", RUN, *sets]
+    return [sys.executable, "09_driver.py", "--method", method, "--run_id", RUN, *sets, *flags]
 
 
 SECRETS = {"OPENAI_API_KEY": "sk-planted-judge-key-5b1f", "WANDB_API_KEY": "planted-wandb-key-c07e"}
 
 
-def _driver(out, data, *extra, method="red", env=None):
-    return subprocess.run(_argv(out, data, method, extra), cwd=ROOT, capture_output=True, text=True, timeout=1200,
+def _driver(out, data, *extra, method="red", env=None, flags=()):
+    return subprocess.run(_argv(out, data, method, extra, flags), cwd=ROOT, capture_output=True, text=True, timeout=1200,
                           env={**os.environ, **(env or {})})
 
 
@@ -88,7 +88,7 @@ def test_driver_runs_the_chain_then_skips_then_reruns_downstream(tmp_path):
     assert second.stdout.count("skipped (up to date)") == 10 and "running" not in second.stdout
     assert [s["action"] for s in json.loads((out / RUN / "run_manifest.json").read_text())["stages"]] == ["skipped"] * 10
     before = {p: p.read_bytes() for p in out.rglob("manifest.json")}
-    dry = _driver(out, data, "algorithm.rl.lr=0.001", "--dry_run")  # says what the next call does, does nothing
+    dry = _driver(out, data, "algorithm.rl.lr=0.001", flags=["--dry_run"])  # says what the next call does, does nothing
     assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
     assert "05_train_red_grpo/red: would run (config changed: algorithm.rl.lr 0.0001 → 0.001)" in dry.stdout
     assert "07_evaluate/red: would run (after 05_train_red_grpo/red re-runs)" in dry.stdout
