@@ -25,6 +25,7 @@ from utils.core.methods import BASE, METHODS, SFT_WARMUP
 from utils.core.signals import run_child, run_forked, stop_word
 from utils.core.stages import evaluation_settings, stage_config, stage_dir
 from utils.eval.compare import DEFAULT_RESAMPLES, compare_settings
+from utils.run.diff import flatten
 
 DATA_STAGES = ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces", "04_sft_warmup")
 
@@ -117,21 +118,12 @@ def expected_sha(step: Step, common: list[str]) -> tuple[str, object]:
     return config_sha256(config), cfg
 
 
-def _flat(tree, prefix: str = "") -> dict[str, object]:
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    out: dict[str, object] = {}
-    for key, value in tree.items():
-        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
 def config_changes(recorded: dict, now: dict, shown: int = 3) -> str:
     """What differs between a manifest's recorded config slice and the one a run would use now, as
     dotted keys: `key old → new`, `key added (= value)` (a setting the recorded run did not have,
     e.g. one a newer version of the code introduced) or `key removed`; the first `shown`, then how
     many more."""
-    old, new = _flat(json.loads(json.dumps(recorded))), _flat(json.loads(json.dumps(now)))
+    old, new = flatten(json.loads(json.dumps(recorded))), flatten(json.loads(json.dumps(now)))
     changes = []
     for key in sorted(old.keys() | new.keys()):
         if key not in old:
@@ -149,7 +141,7 @@ def schema_defaults() -> dict[str, object]:
     from utils.core.config import to_dict
     from utils.core.schema import RunConfig
 
-    return _flat(json.loads(json.dumps(to_dict(RunConfig()))))
+    return flatten(json.loads(json.dumps(to_dict(RunConfig()))))
 
 
 def without_new_defaults(recorded: dict, now: dict) -> tuple[dict, str]:
@@ -157,9 +149,9 @@ def without_new_defaults(recorded: dict, now: dict) -> tuple[dict, str]:
     their names. A setting the code gained after a stage ran, left at its default, does not make the
     stage stale: a new setting's default must keep the behaviour the code had before it (every one
     so far has been checked to train bit for bit as before; docs/ARCHITECTURE.md)."""
-    old, new, defaults = _flat(json.loads(json.dumps(recorded))), _flat(json.loads(json.dumps(now))), schema_defaults()
+    out = json.loads(json.dumps(now))  # as a manifest records it (tuples become lists)
+    old, new, defaults = flatten(json.loads(json.dumps(recorded))), flatten(out), schema_defaults()
     dropped = [k for k in new if k not in old and k in defaults and new[k] == defaults[k]]
-    out = json.loads(json.dumps(now))
     for key in dropped:
         *path, leaf = key.split(".")
         parents = [out]
@@ -349,9 +341,9 @@ def dry_run(steps: list[Step], seeds: list, common_of, root: list[str], force: b
             print(f"[{k * len(steps) + i + 1}/{total}] {step.dir_name}{seed_tag}: "
                   f"{'would skip' if skip else 'would run'} ({reason})")
     _, skip, reason = up_to_date(REPORT, root)
-    if not force and skip and count:
+    if force:
+        skip, reason = False, "--force"
+    elif skip and count:
         skip, reason = False, "after the stages above re-run"
-    skip = skip and not force
-    print(f"[{total}/{total}] {REPORT.dir_name}: {'would skip' if skip else 'would run'} "
-          f"({'--force' if force else reason})")
+    print(f"[{total}/{total}] {REPORT.dir_name}: {'would skip' if skip else 'would run'} ({reason})")
     return count + (not skip)
