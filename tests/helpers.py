@@ -28,6 +28,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # every group scores alike. The default regime's own pieces have their own tests
 # (test_dynamic_sampling, test_primary_metric, test_sft_stages' imperfect teacher, test_config).
 REGIME_D = "regime=regime_d"
+# every train row in the plain shuffled stream: the schema's RL questions, where the default regime
+# narrows them to chains of 2-4 subtasks in a stratified stream
+EVERY_QUESTION = ("algorithm.rl.min_subtasks=0", "algorithm.rl.max_subtasks=0", "algorithm.rl.stratify=false")
 
 # One tiny run for tests that go through whole stages: too short to learn anything, long enough
 # for every stage to do its work (the driver's tests, the Ray executor's, the launcher's).

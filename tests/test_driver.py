@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import TINY, set_args
+from helpers import EVERY_QUESTION, TINY, set_args
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset
@@ -185,7 +185,8 @@ def test_a_setting_added_at_its_default_keeps_a_stage_up_to_date(tmp_path):
     from utils.core.stages import stage_config
     from utils.run.driver import _verdict, without_new_defaults
 
-    cfg = load_run_config()
+    # the two settings at their schema defaults (the default regime sets both otherwise)
+    cfg = load_run_config(overrides=[*EVERY_QUESTION, "algorithm.rl.lr_warmup_steps=0"])
     now = stage_config(cfg, "05_train_red_grpo")
     recorded = json.loads(json.dumps(now))  # a stage run by code without two of today's settings
     del recorded["algorithm"]["rl"]["stratify"], recorded["algorithm"]["rl"]["lr_warmup_steps"]

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoTokenizer
 
 from scripted import RuleEngine
-from helpers import make_trainer
+from helpers import EVERY_QUESTION, make_trainer
 from utils.core.loader import load_run_config
 from utils.core.stages import StageError
 from utils.core.stream import rl_question_key, take
@@ -18,7 +18,7 @@ from utils.core.stream import rl_question_key, take
 
 def _cfg(rounds: int):
     return load_run_config(algorithm="grpo", overrides=[
-        "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=4", "algorithm.rl.n_samples=4",
+        *EVERY_QUESTION, "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=4", "algorithm.rl.n_samples=4",
         f"algorithm.rl.dynamic_sampling={rounds}", "algorithm.rl.save_freq=100", "algorithm.rl.dump_freq=0"])
 
 
@@ -88,7 +88,7 @@ def test_an_expert_gives_its_group_a_signal_under_red_paper(hf_base, base_dir, t
     from utils.agent.traces import OfflineSample, examples_from_trace, trace_from_row
 
     cfg = load_run_config(algorithm="red_paper", overrides=[
-        "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=4", "algorithm.rl.n_samples=4",
+        *EVERY_QUESTION, "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=4", "algorithm.rl.n_samples=4",
         "algorithm.rl.dynamic_sampling=3", "algorithm.rl.save_freq=100", "algorithm.rl.dump_freq=0"])
     trainer = make_trainer(cfg, None, None, tmp_path, base_dir)
     trainer.engine = trainer.rollout.engine = _engine(hf_base, base_dir, trainer.rows, mixed=set())

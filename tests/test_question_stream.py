@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from helpers import make_trainer
+from helpers import EVERY_QUESTION, make_trainer
 from utils.core.loader import load_run_config
 from utils.core.stages import StageError
 from utils.core.stream import Cursor, epoch_order, rl_question_key, take
@@ -62,7 +62,7 @@ def test_rl_questions_bound_the_gold_length(tmp_path):
     path = tmp_path / "train.jsonl"
 
     def ids(*overrides):
-        return [r["id"] for r in rl_questions(rows, load_run_config(overrides=list(overrides)), path)]
+        return [r["id"] for r in rl_questions(rows, load_run_config(overrides=[*EVERY_QUESTION, *overrides]), path)]
     assert ids() == [r["id"] for r in rows]  # 0 and 0: every row, in order
     assert ids("algorithm.rl.min_subtasks=4") == ["r3", "r4", "r5"]  # the bare row is left out
     assert ids("algorithm.rl.max_subtasks=2") == ["r0", "r1"]
@@ -86,5 +86,13 @@ def test_the_trainer_draws_the_stratified_stream(base_dir, tmp_path):
     expected = take(trainer.rows, 16, key, Cursor(), strata=trainer.strata)
     assert trainer.next_questions(16) == expected != take(trainer.rows, 16, key, Cursor())
     assert trainer.state.questions == Cursor(position=16)
-    plain = make_trainer(load_run_config(algorithm="grpo"), None, None, tmp_path / "plain", base_dir)
+    plain = make_trainer(load_run_config(algorithm="grpo", overrides=list(EVERY_QUESTION)), None, None,
+                         tmp_path / "plain", base_dir)
     assert plain.strata is None and plain.next_questions(16) == take(plain.rows, 16, key, Cursor())
+
+
+def test_the_default_regime_narrows_rl_questions_and_regime_d_does_not():
+    rl = load_run_config(algorithm="red").algorithm.rl
+    assert (rl.min_subtasks, rl.max_subtasks, rl.stratify, rl.questions_per_step, rl.lr_warmup_steps) == (2, 4, True, 32, 5)
+    d = load_run_config(algorithm="red", overrides=["regime=regime_d"]).algorithm.rl
+    assert (d.min_subtasks, d.max_subtasks, d.stratify, d.questions_per_step, d.lr_warmup_steps) == (0, 0, False, 16, 0)

@@ -302,6 +302,6 @@ def test_rl_lr_warms_up_linearly_from_the_step_alone(base_dir, tmp_path):
         seen.append(trainer._set_lr())
         assert all(g["lr"] == seen[-1] for g in trainer.opt.param_groups)
     assert seen == pytest.approx([1e-4, 2e-4, 3e-4, 4e-4, 4e-4, 4e-4])
-    constant = make_trainer(load_run_config(algorithm="grpo", overrides=["algorithm.rl.lr=4e-4"]), None, None,
-                            tmp_path / "constant", base_dir)
+    flat = load_run_config(algorithm="grpo", overrides=["algorithm.rl.lr=4e-4", "algorithm.rl.lr_warmup_steps=0"])
+    constant = make_trainer(flat, None, None, tmp_path / "constant", base_dir)
     assert constant._set_lr() == 4e-4 and constant.opt.param_groups[0]["lr"] == 4e-4

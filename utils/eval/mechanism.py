@@ -6,7 +6,7 @@ compares the first tenth of a red run's steps with its last tenth (at least one 
 - mean sampled batch accuracy (`train/accuracy`) must differ by at least ACCURACY_SHIFT;
 - mean `red/final_weight` must differ by a factor of at least WEIGHT_RATIO, either way.
 Both hold: "exercised". Otherwise: "idle", naming what fell short. A tenth, not one step, since a
-step's accuracy over 16 questions swings by ±0.1 on its own.
+step's accuracy swings on its own (about ±0.1 over 16 questions).
 
 A trained method's gain over the SFT warmup (the mean over the seeds both have) is called
 *sharpening* when mean@k rose and neither greedy accuracy nor pass@k rose by half as much, and
