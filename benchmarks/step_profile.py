@@ -9,8 +9,9 @@ the policy it ended with:
 - the agent rollout on vLLM, on HF generate, and one raw vLLM call that generates the same number
   of tokens (one request per episode, no stop strings, EOS ignored);
 - the trainer's update against a bare forward+backward over the same sequences (the last RL batch
-  and an SFT batch; no loss terms, no optimizer) in the trainer's own length-chunked passes (P3),
-  and in one pass padded to the widest (what the update cost before chunking);
+  and an SFT batch, once per optimizer pass as the trainer runs them; no loss terms, no
+  optimizer) in the trainer's own length-chunked passes (P3), and in one pass padded to the widest
+  (what the update cost before chunking);
 - a greedy evaluation of `--eval_items` test questions on the running engine (07's workload;
   timing only, nothing is chosen on it).
 Above the last line: per-phase seconds and shares. The last line:
@@ -117,13 +118,14 @@ def replay_rollouts(trainer, cfg) -> tuple[tuple, tuple, tuple]:
 
 def replay_update(trainer, cfg) -> tuple[int, float, float]:
     """(real tokens, bare fwd+bwd seconds in the trainer's passes, the same in one padded pass) of
-    the last step's RL batch and an SFT batch."""
+    the last step's RL batch and an SFT batch, once per optimizer pass (algorithm.rl.ppo_epochs):
+    the trainer's update runs both that many times."""
     import torch
 
     _, episodes = trainer.last_rollout
     batch = build_rl_batch(episodes, torch.zeros(len(episodes)), trainer.pad_id)
     sft = sft_batch(trainer._sft_examples(), trainer.pad_id) if cfg.algorithm.sft.enabled else None
-    padded = [(batch.ids, batch.attn)] + ([(sft[0], sft[1])] if sft is not None else [])
+    padded = ([(batch.ids, batch.attn)] + ([(sft[0], sft[1])] if sft is not None else [])) * cfg.algorithm.rl.ppo_epochs
     real = sum(int(a.sum()) for _, a in padded)
     return real, bare_update(trainer.model, padded, chunked=True), bare_update(trainer.model, padded, chunked=False)
 
@@ -167,7 +169,7 @@ def main() -> int:
 
     real, bare_dt, one_pass_dt = replay_update(trainer, cfg)
     update_dt = history[-1]["time/update"]  # the step whose batch is replayed
-    print(f"{'update (real tokens)':<34}{'tokens':>8}{'s':>8}{'tok/s':>8}")
+    print(f"{'update (real tokens, every pass)':<34}{'tokens':>8}{'s':>8}{'tok/s':>8}")
     for label, sec in (("trainer update (last step)", update_dt), ("bare fwd+bwd, same passes", bare_dt),
                        ("bare fwd+bwd, one padded pass", one_pass_dt)):
         print(f"{label:<34}{real:>8}{sec:>8.2f}{real / sec:>8.0f}")
