@@ -7,7 +7,8 @@ warmup adapter, traces, train split and reward spec, runs one untimed warm-up st
 timed ones (writing only under a temporary directory), then replays the last step's questions on
 the policy it ended with:
 - the agent rollout on vLLM, on HF generate, and one raw vLLM call that generates the same number
-  of tokens (one request per episode, no stop strings, EOS ignored);
+  of tokens (one request per episode, no stop strings, EOS ignored; the sampler's log-probs if the
+  last step asked for them, algorithm.rl.mismatch_every);
 - the trainer's update against a bare forward+backward over the same sequences (the last RL batch
   and an SFT batch, once per optimizer pass as the trainer runs them; no loss terms, no
   optimizer) in the trainer's own length-chunked passes (P3), and in one pass padded to the widest
@@ -53,13 +54,14 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
-def raw_single_call(engine, prompts: list[list[int]], tokens_each: int, seed: int) -> tuple[int, float]:
-    """(tokens, seconds) of one vLLM generate call: every prompt decodes exactly `tokens_each` tokens."""
+def raw_single_call(engine, prompts: list[list[int]], tokens_each: int, seed: int, logprobs: bool) -> tuple[int, float]:
+    """(tokens, seconds) of one vLLM generate call: every prompt decodes exactly `tokens_each` tokens,
+    with the sampled tokens' log-probs when the replayed rollout asked for them."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(max_tokens=tokens_each, min_tokens=tokens_each, ignore_eos=True, temperature=1.0,
-                            seed=seed, logprobs=0, flat_logprobs=True)  # as the agent rollout asks
+                            seed=seed, logprobs=0 if logprobs else None, flat_logprobs=True)
     outs, dt = timed(lambda: engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
                                                  lora_request=engine.lora, use_tqdm=False))
     return sum(len(o.outputs[0].token_ids) for o in outs), dt
@@ -101,7 +103,8 @@ def profile_steps(trainer, steps: int) -> list[dict]:
 
 def replay_rollouts(trainer, cfg) -> tuple[tuple, tuple, tuple]:
     """(tokens, seconds) of the last step's questions on vLLM's agent rollout, on HF's, and of one
-    raw vLLM call generating as many tokens, all with the policy the steps ended with."""
+    raw vLLM call generating as many tokens, all with the policy the steps ended with and the last
+    step's rollout settings (sampler log-probs or not: algorithm.rl.mismatch_every)."""
     rows, _ = trainer.last_rollout
     agent = {}
     for name in ("vllm", "hf"):
@@ -112,7 +115,8 @@ def replay_rollouts(trainer, cfg) -> tuple[tuple, tuple, tuple]:
         agent[name] = (sum(e.n_generated() for e in eps), dt, eps)
     tokens, _, eps = agent["vllm"]
     prompts = [e.segments[0].context_ids for e in eps if e.segments]
-    raw = raw_single_call(trainer.engine, prompts, math.ceil(tokens / len(prompts)), cfg.seed)
+    raw = raw_single_call(trainer.engine, prompts, math.ceil(tokens / len(prompts)), cfg.seed,
+                          trainer.rollout.spec.logprobs)
     return agent["vllm"][:2], agent["hf"][:2], raw
 
 
@@ -162,7 +166,8 @@ def main() -> int:
     print(f"{'step':<14}{step_s:>8.3f}")
 
     (tokens, dt), (hf_tokens, hf_dt), (raw_tokens, raw_dt) = replay_rollouts(trainer, cfg)
-    print(f"{'rollout':<34}{'tokens':>8}{'s':>8}{'tok/s':>8}")
+    print(f"{'rollout':<34}{'tokens':>8}{'s':>8}{'tok/s':>8}"
+          f"   (sampler log-probs: {'yes' if trainer.rollout.spec.logprobs else 'no'})")
     for label, n, sec in (("agent, vLLM", tokens, dt), ("agent, HF generate", hf_tokens, hf_dt),
                           ("raw vLLM, one call", raw_tokens, raw_dt)):
         print(f"{label:<34}{n:>8}{sec:>8.2f}{n / sec:>8.0f}")

@@ -204,3 +204,28 @@ def test_a_setting_added_at_its_default_keeps_a_stage_up_to_date(tmp_path):
     assert without_new_defaults({"seed": 1}, {"seed": 1, "algorithm": {"rl": {"stratify": False}}}) == (
         {"seed": 1}, "algorithm.rl.stratify")
     assert without_new_defaults({"seed": 1}, {"seed": 1, "limit": 0}) == ({"seed": 1, "limit": 0}, "")
+
+
+def test_a_setting_that_changes_only_what_a_step_logs_keeps_a_stage_up_to_date(tmp_path):
+    """algorithm.rl.mismatch_every decides on which steps the sampler's log-probs are asked for and the
+    mismatch logged, not what trains (tests/test_trainer.py): a stage recorded without it, or at
+    another value, stays up to date and the reason says so; a change beside it still counts."""
+    from utils.core.loader import load_run_config
+    from utils.core.manifest import StageRun
+    from utils.core.stages import stage_config
+    from utils.run.driver import _verdict
+
+    cfg = load_run_config()  # the default regime asks every 5th step
+    now = stage_config(cfg, "05_train_red_grpo")
+    assert now["algorithm"]["rl"]["mismatch_every"] == 5
+    recorded = json.loads(json.dumps(now))
+    del recorded["algorithm"]["rl"]["mismatch_every"]  # a stage run before the setting existed (every step)
+    with StageRun("05_train_red_grpo/red", tmp_path / "run" / "05_train_red_grpo" / "red", recorded):
+        pass
+    path = tmp_path / "run" / "05_train_red_grpo" / "red" / "manifest.json"
+    assert _verdict(path, now, cfg) == (True, "up to date; differs only in what a step logs: "
+                                              "algorithm.rl.mismatch_every added (= 5)")
+    other = json.loads(json.dumps(now))
+    other["algorithm"]["rl"]["lr"] = 0.5
+    assert _verdict(path, other, cfg) == (False, "config changed: algorithm.rl.lr 0.0004 → 0.5, "
+                                                 "algorithm.rl.mismatch_every added (= 5)")

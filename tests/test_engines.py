@@ -38,7 +38,8 @@ def test_greedy_rollouts_identical_across_engines(which, any_vllm, hf_engine, ad
 
 def test_greedy_without_logprobs_decodes_the_same_tokens(any_vllm, protocol_adapter, base_dir):
     """Evaluation asks for no sampler log-probs (greedy_eval): the episodes are the same token for
-    token, their segments carry None, and they cannot be turned into training sequences."""
+    token, their segments carry None, and their training sequences are the same ids and masks with
+    no sampler log-probs (a step between two mismatch checks, algorithm.rl.mismatch_every)."""
     from utils.agent.episode import episode_sequences
 
     tok = AutoTokenizer.from_pretrained(base_dir)
@@ -52,8 +53,9 @@ def test_greedy_without_logprobs_decodes_the_same_tokens(any_vllm, protocol_adap
     assert view(without) == view(with_lp)
     assert all(len(s.logprobs) == len(s.gen_ids) for e in with_lp for s in e.segments)
     assert all(s.logprobs is None for e in without for s in e.segments)
-    with pytest.raises(ValueError, match="sampled without log-probs"):
-        episode_sequences(next(e for e in without if e.segments))
+    for a, b in zip(with_lp, without):  # the same training sequences, without the sampler's log-probs
+        for x, y in zip(episode_sequences(a), episode_sequences(b)):
+            assert (x.ids, x.mask) == (y.ids, y.mask) and len(x.logprobs) == len(x.ids) and y.logprobs is None
 
 
 def test_rollout_logprobs_skip_their_token_text(vllm_merged, protocol_adapter, base_dir):

@@ -158,7 +158,8 @@ def test_red_paper_config_is_checked():
 def test_the_trainer_puts_experts_in_their_groups(hf_engine, protocol_adapter, tmp_path, base_dir):
     cfg = load_run_config(algorithm="red_paper", overrides=[
         "algorithm.rl.steps=2", "algorithm.rl.questions_per_step=3", "algorithm.rl.n_samples=3",
-        "algorithm.rl.lr=0.003", "algorithm.rl.dump_freq=0", "algorithm.rl.save_freq=100"])
+        "algorithm.rl.lr=0.003", "algorithm.rl.dump_freq=0", "algorithm.rl.save_freq=100",
+        "algorithm.rl.mismatch_every=1"])  # the mismatch on both steps (the default regime: every fifth)
     trainer = make_trainer(cfg, hf_engine, protocol_adapter, tmp_path, base_dir)
     codec = trainer.rollout.codec
     from utils.agent.traces import trace_from_row

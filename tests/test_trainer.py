@@ -84,11 +84,32 @@ def test_truncated_importance_weights_are_one_when_the_sampler_is_on_policy(vllm
                                                                          base_dir):
     """TIS on the real trainer and vLLM: in fp32 the sampler's probabilities are the trainer's, so
     every weight is 1 to within the mismatch tolerance and none is truncated."""
-    trainer = make_trainer(_cfg("algorithm.rl.steps=2", "algorithm.rl.tis_cap=1.001",
+    trainer = make_trainer(_cfg("algorithm.rl.steps=2", "algorithm.rl.tis_cap=1.001", "algorithm.rl.mismatch_every=0",
                             "algorithm.rl.temperature=0.7"), vllm_engine, protocol_adapter, tmp_path, base_dir)
-    for m in trainer.train():
+    for m in trainer.train():  # TIS asks the sampler on every step, whatever mismatch_every says
         assert abs(m["actor/tis_weight_mean"] - 1.0) < MISMATCH_TOL, m
         assert m["actor/tis_clip_frac"] == 0.0 and m["rollout/logprob_mismatch"] < MISMATCH_TOL
+
+
+def test_the_mismatch_check_on_every_nth_step_trains_bit_for_bit_alike(vllm_engine, protocol_adapter, tmp_path,
+                                                                        base_dir):
+    """mismatch_every=2 asks the sampler for its log-probs on steps 1 and 3 only, and logs the mismatch
+    there; every other metric and the trained adapter equal those of a run that asks on every step:
+    which tokens vLLM samples does not depend on it, and the update never reads them without TIS."""
+    def run(out, every):
+        trainer = make_trainer(_cfg("algorithm.rl.temperature=0.7", f"algorithm.rl.mismatch_every={every}"),
+                               vllm_engine, protocol_adapter, out, base_dir)
+        history = trainer.train()
+        return history, {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+    always, always_params = run(tmp_path / "always", 1)
+    sparse, sparse_params = run(tmp_path / "sparse", 2)
+    assert ["rollout/logprob_mismatch" in m for m in sparse] == [True, False, True]
+    assert all(m["rollout/logprob_mismatch"] < MISMATCH_TOL for m in always)
+    trained = lambda m: {k: v for k, v in m.items() if not k.startswith("time/") and k != "rollout/logprob_mismatch"}  # noqa: E731
+    assert [trained(m) for m in sparse] == [trained(m) for m in always]
+    assert any(m["actor/grad_norm"] > 0 for m in always)  # the runs trained
+    assert all(torch.equal(always_params[n], sparse_params[n]) for n in always_params)
 
 
 def test_a_stale_sampler_is_detected(vllm_engine, protocol_adapter, tmp_path, base_dir, monkeypatch):

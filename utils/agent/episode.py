@@ -37,7 +37,8 @@ class Segment:
 @dataclass
 class Example:
     """One training sequence: token ids and a loss mask of the same length (1 = trained), plus the
-    sampler's log-probs aligned to the ids (0.0 where masked) when it came from a rollout."""
+    sampler's log-probs aligned to the ids (0.0 where masked) when it came from a rollout that asked
+    for them (None otherwise, or when any of its segments was sampled without them)."""
 
     qid: str
     role: str
@@ -120,12 +121,12 @@ def _conversation(ep: Episode, segments: list[Segment], role: str) -> Example:
         start = len(seg.context_ids)
         if ids[:start] != seg.context_ids or ids[start:start + len(seg.gen_ids)] != seg.gen_ids:
             raise ValueError(f"episode {ep.qid}/{ep.sample}: {role} contexts are not nested")
-        if seg.logprobs is None:
-            raise ValueError(f"episode {ep.qid}/{ep.sample}: a {role} segment was sampled without log-probs "
-                             "(RolloutSpec.logprobs=False), so it cannot become a training sequence")
-        for k, lp in enumerate(seg.logprobs):
-            mask[start + k], lps[start + k] = 1, lp
-    return Example(ep.qid, role, ids, mask, lps)
+        for k in range(len(seg.gen_ids)):
+            mask[start + k] = 1
+            if seg.logprobs is not None:
+                lps[start + k] = seg.logprobs[k]
+    sampled = all(seg.logprobs is not None for seg in segments)
+    return Example(ep.qid, role, ids, mask, lps if sampled else None)
 
 
 def episode_sequences(ep: Episode) -> list[Example]:

@@ -152,6 +152,10 @@ class RlConfig:
     tis_cap: float = field(0.0, "Truncated importance sampling: weight each token's policy loss by "
                                 "min(p_trainer / p_sampler, tis_cap), detached (0 = off). For bf16 "
                                 "engines whose probabilities differ from the trainer's; ~1 in fp32 here.", minimum=0.0)
+    mismatch_every: int = field(1, "Ask the sampler for its tokens' log-probs on every Nth step, from the first, "
+                                   "and log rollout/logprob_mismatch on those steps only (0 = never). Training "
+                                   "does not read them unless tis_cap > 0, which asks on every step; on CPU "
+                                   "vLLM they cost about a sixth of a rollout (docs/PERFORMANCE.md).", minimum=0)
     train_roles: str = field("both", "Whose segments the policy loss trains: both roles share the episode's "
                                      "advantage (the paper), or only the planner's (the executor keeps its "
                                      "warmup behaviour, plus the SFT term when on).", TRAIN_ROLES)

@@ -165,6 +165,23 @@ def without_new_defaults(recorded: dict, now: dict) -> tuple[dict, str]:
     return out, ", ".join(sorted(dropped))
 
 
+RESULT_NEUTRAL = ("algorithm.rl.mismatch_every",)  # changes what a step logs, never what it trains or writes
+
+
+def without_neutral(config: dict) -> dict:
+    """`config` without the `RESULT_NEUTRAL` settings: a stage that differs from its manifest only in
+    those is up to date (its adapters and results would come out bit for bit the same)."""
+    out = json.loads(json.dumps(config))
+    for key in RESULT_NEUTRAL:
+        *path, leaf = key.split(".")
+        node = out
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return out
+
+
 def up_to_date(step: Step, common: list[str]) -> tuple[Path, bool, str]:
     """(stage directory, skip?, reason) for one step."""
     config, cfg = current_config(step, common)
@@ -182,12 +199,16 @@ def _verdict(path: Path, config: dict, cfg) -> tuple[bool, str]:
     if seal != "sealed":
         return False, ("manifest edited by hand (its seal does not match)" if seal == "edited"
                        else "manifest written by an older version (no seal)")
-    added = ""
+    notes = []
     if m.get("config_sha256") != config_sha256(config):
         recorded = m.get("config") or {}
         config, added = without_new_defaults(recorded, config)
+        if added:
+            notes.append(f"settings added since, at their defaults: {added}")
         if m.get("config_sha256") != config_sha256(config):
-            return False, f"config changed: {config_changes(recorded, config)}"
+            if config_sha256(without_neutral(recorded)) != config_sha256(without_neutral(config)):
+                return False, f"config changed: {config_changes(recorded, config)}"
+            notes.append(f"differs only in what a step logs: {config_changes(recorded, config)}")
     for p, digest in m.get("inputs", {}).items():
         if not repo_path(p).exists() or path_sha256(repo_path(p)) != digest:
             return False, f"input changed: {p}"
@@ -198,7 +219,7 @@ def _verdict(path: Path, config: dict, cfg) -> tuple[bool, str]:
         ppath = stage_dir(cfg, parent) / MANIFEST_NAME
         if not ppath.is_file() or manifest_digest(read_manifest(ppath)) != digest:
             return False, f"parent re-ran: {parent}"
-    return True, f"up to date; settings added since, at their defaults: {added}" if added else "up to date"
+    return True, "; ".join(["up to date"] + notes)
 
 
 def stage_path(common: list[str], step: Step) -> Path:

@@ -14,7 +14,8 @@
 Departures from the seed, stated once: the PPO "old" log-probs are the trainer's, not the
 sampler's: with one optimizer pass per batch (the default) the update's own, detached; with more,
 a separate forward before the first pass. The sampler's log-probs are compared with them and the
-mean absolute difference is logged as `rollout/logprob_mismatch`, so a stale sampler is visible.
+mean absolute difference is logged as `rollout/logprob_mismatch`, so a stale sampler is visible
+(on every `algorithm.rl.mismatch_every`-th step: training itself reads them only for TIS).
 All policy log-probs (old, new, KL reference) are of the tempered distribution the rollout sampled
 from, logits / T. The KL reference is the policy RL starts from: the SFT warmup adapter, frozen
 (`add_reference`), not the bare base, which does not know the protocol; its log-probs are computed
@@ -45,7 +46,7 @@ class RlBatch:
     ids: torch.Tensor
     attn: torch.Tensor
     mask: torch.Tensor  # over next-token positions: [S, T-1]
-    sampler_lp: torch.Tensor  # [S, T-1]
+    sampler_lp: torch.Tensor | None  # [S, T-1]; None on a step that did not ask the sampler (mismatch_every)
     adv: torch.Tensor  # [S]
     roles: list[str]
     offline: torch.Tensor | None = None  # [S] bool
@@ -89,10 +90,11 @@ def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int, role
         return None
     ids, attn = pad([s[0].ids for s in seqs], pad_id, torch.long)
     mask, _ = pad([s[0].mask for s in seqs], 0, torch.float)
-    lp, _ = pad([s[0].logprobs or [0.0] * len(s[0].ids) for s in seqs], 0.0, torch.float)
+    sampled = all(s[0].logprobs is not None for s in seqs if s[2] is None)  # rollout sequences only
+    lp = pad([s[0].logprobs or [0.0] * len(s[0].ids) for s in seqs], 0.0, torch.float)[0] if sampled else None
     token_adv = pad([s[3] for s in seqs], 0.0, torch.float)[0][:, 1:] if turn_bonus is not None else None
     # position t of ids is predicted from position t-1: shift the token-aligned mask and log-probs
-    return RlBatch(ids, attn, mask[:, 1:], lp[:, 1:], torch.tensor([s[1] for s in seqs]),
+    return RlBatch(ids, attn, mask[:, 1:], lp[:, 1:] if lp is not None else None, torch.tensor([s[1] for s in seqs]),
                    [s[0].role for s in seqs], torch.tensor([s[2] is not None for s in seqs]),
                    torch.tensor([s[2] or 0.0 for s in seqs]), token_adv, torch.tensor([s[4] for s in seqs]))
 
@@ -187,9 +189,11 @@ def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor, sft: tuple | None
         pg, pg_stats = policy_loss(rl.policy_loss, logp, old_lp, adv, batch.mask, rl.clip_low, rl.clip_high,
                                    _agg(rl, batch), sampler_logp=batch.sampler_lp, tis_cap=rl.tis_cap)
     loss = pg - rl.entropy_coef * h_rl
-    mismatch = ((old_lp - batch.sampler_lp).abs() * rollout_mask).sum() / rollout_mask.sum().clamp(min=1)
     stats = {"actor/pg_loss": pg.item(), "actor/rl_entropy": h_rl.item(), "actor/clip_frac": pg_stats["clip_frac"],
-             "actor/ratio_mean": pg_stats["ratio_mean"], "rollout/logprob_mismatch": mismatch.item()}
+             "actor/ratio_mean": pg_stats["ratio_mean"]}
+    if batch.sampler_lp is not None:  # a step that asked the sampler (algorithm.rl.mismatch_every)
+        mismatch = ((old_lp - batch.sampler_lp).abs() * rollout_mask).sum() / rollout_mask.sum().clamp(min=1)
+        stats["rollout/logprob_mismatch"] = mismatch.item()
     stats.update({f"actor/{k}": v for k, v in pg_stats.items() if k.startswith("tis_")})
     stats.update({f"red_paper/{k}": v for k, v in pg_stats.items()
                   if k in ("entropy_weight", "h_sft", "h_rl", "offline_ratio_mean")})

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -242,6 +242,7 @@ class GrpoTrainer:
             return self.sft_only_step()
         t0 = time.time()
         first, rows = self.world.block(self.next_questions(rl.questions_per_step))
+        self.rollout.spec = replace(self.rollout.spec, logprobs=self.asks_sampler())
         variants = self.variants()
         rows, episodes, scored, sampling = self._rollouts(rows, first * rl.n_samples, variants)
         self.last_rollout = (rows, episodes)  # what benchmarks/step_profile.py replays
@@ -271,7 +272,7 @@ class GrpoTrainer:
         for v in variants:
             v.after_update(stats, skipped, self.state)
             stats.update(v.metrics(data, self.world))
-        mismatch = stats.pop("rollout/logprob_mismatch", 0.0)
+        mismatch = stats.pop("rollout/logprob_mismatch", None)
         timings["time/update"] = time.time() - t0
         self.state.step += 1
         timings["time/weight_sync"] = self.sync_policy()
@@ -280,8 +281,15 @@ class GrpoTrainer:
             if self.world.main:
                 dump_episodes(dumped, self.out / "episodes" / f"step_{self.state.step}.jsonl")
         return _step_metrics(self.state.step, everyone, [s["reward"] for s in everyone], accuracy, rl.n_samples,
-                             skipped, float(mismatch),
+                             skipped, None if mismatch is None else float(mismatch),
                              {**stats, **sampling, **timings, **({"actor/lr": lr} if rl.lr_warmup_steps else {})})
+
+    def asks_sampler(self) -> bool:
+        """Whether this step's rollouts carry the sampler's log-probs: TIS weighs every step's tokens
+        with them; otherwise only the mismatch check reads them, on every `mismatch_every`-th step
+        from the first. Which tokens are sampled does not depend on it."""
+        rl = self.alg.rl
+        return rl.tis_cap > 0 or (rl.mismatch_every > 0 and self.state.step % rl.mismatch_every == 0)
 
     def _rollouts(self, rows: list[dict], first: int, variants=()) -> tuple[list[dict], list, list[dict], dict]:
         """Roll out and score `rows` (n samples each; `first` the first episode's index). With dynamic
@@ -363,16 +371,16 @@ def _mean_stats(steps: list[dict]) -> dict:
 
 
 def _step_metrics(step: int, scored: list[dict], rewards: list[float], accuracy: float, group: int, skipped: int,
-                  mismatch: float, extra: dict) -> dict:
+                  mismatch: float | None, extra: dict) -> dict:
     """One step's metrics line, rounded to 6 significant digits (not decimals: the sampler/trainer
-    mismatch is ~1e-7 when on-policy)."""
+    mismatch is ~1e-7 when on-policy); no mismatch on a step that did not ask the sampler."""
     n = len(scored)
     metrics = {
         "step": step, "critic/rewards/mean": sum(rewards) / n,
         "train/accuracy": accuracy, "answer_f1/mean": sum(s["answer"] for s in scored) / n,
         "format_scores/mean": sum(s["format"] for s in scored) / n,
         "train/zero_variance_groups": zero_variance_fraction(rewards, group),
-        "train/skipped_nonfinite": skipped, "rollout/logprob_mismatch": mismatch,
+        "train/skipped_nonfinite": skipped, **({"rollout/logprob_mismatch": mismatch} if mismatch is not None else {}),
         "rollout/turns_per_episode": sum(s["turns"] for s in scored) / n,
         "rollout/tokens_planner": sum(s["tokens_planner"] for s in scored) / n,
         "rollout/tokens_executor": sum(s["tokens_executor"] for s in scored) / n,

@@ -38,7 +38,8 @@ def _summary(method: str, steps: int, resumed: bool, history: list[dict]) -> dic
     return {"method": method, "steps": steps, "resumed": resumed,
             "reward_first": first.get("critic/rewards/mean"), "reward_last": last.get("critic/rewards/mean"),
             "accuracy_first": first.get("train/accuracy"), "accuracy_last": last.get("train/accuracy"),
-            "max_logprob_mismatch": max(m.get("rollout/logprob_mismatch", 0.0) for m in history),
+            "max_logprob_mismatch": max((m["rollout/logprob_mismatch"] for m in history
+                                         if "rollout/logprob_mismatch" in m), default=None),
             **({"final_weight_mean": round(weight, 6)} if weight is not None else {})}
 
 
