@@ -6,7 +6,8 @@ vLLM's output processor turns every sampled token's log-prob into a Python objec
 token to text, a cost per generated token. Training reads those log-probs (the sampler-trainer
 mismatch, TIS); a greedy evaluation reads nothing of them, so `greedy_eval` asks for none
 (`RolloutSpec.logprobs=False`). On the run's SFT warmup adapter this times, `--repeats` times each,
-alternating so the box's drift falls on both arms:
+alternating (each arm first in turn, every rollout from an empty prefix cache) so the box's drift
+falls on both arms:
 - a greedy evaluation of 200 test items with and without log-probs (07's and 04's workload);
 - a sampled rollout of 16 training questions x 4 samples at temperature 1 with and without them
   (05's workload; training cannot drop them, so "without" is only what they still cost).
@@ -33,6 +34,10 @@ from utils.core.stages import model_dir  # noqa: E402
 
 
 def timed_rollout(engine, codec, spec, rows, n, step):
+    """(seconds, generated ids) of one rollout, from an empty prefix cache: every arm replays the same
+    requests, and without the reset a later arm would find an earlier arm's contexts cached."""
+    if hasattr(engine, "llm"):  # vLLM
+        engine.llm.reset_prefix_cache()
     t0 = time.perf_counter()
     episodes = Rollout(engine, codec, spec).run(rows, n=n, seed=1, step=step)
     tokens = [[s.gen_ids for s in e.segments] for e in episodes]
@@ -71,7 +76,7 @@ def main() -> int:
         seconds = {arm: [] for arm, _, _ in arms}
         for rep in range(args.repeats):
             tokens = []
-            for arm, spec, fast in arms:
+            for arm, spec, fast in arms[rep % len(arms):] + arms[:rep % len(arms)]:  # each arm first in turn
                 engine.fast_logprobs = fast
                 dt, toks = timed_rollout(engine, codec, spec, rows, n, rep)
                 seconds[arm].append(dt)
