@@ -20,7 +20,9 @@ Above the last line: per-phase seconds and shares. The last line:
     P1=<agent rollout tok/s / raw single-call tok/s> P2=<vLLM / HF agent tok/s>
     P3=<update tok/s / bare fwd+bwd tok/s, same passes> sync_share=<weight sync / step>
 
-Every figure is a ratio of two timings from this one run, since the box is shared and noisy.
+Every figure is a ratio of two timings from this one run, since the box is shared and noisy. Each
+rollout replay starts from an empty vLLM prefix cache, as a training step's does after its weight
+sync (before 2026-11-29 the replays found the last step's prompts cached, which raised P1).
 docs/PERFORMANCE.md quotes it. Not a test.
 """
 import argparse
@@ -52,6 +54,13 @@ def timed(fn):
     t0 = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t0
+
+
+def cold_cache(engine) -> None:
+    """Empty vLLM's prefix cache: each replay starts as a step's rollout does after a weight sync,
+    and none finds the prompts an earlier replay (or the last step) left cached."""
+    if hasattr(engine, "llm"):
+        engine.llm.reset_prefix_cache()
 
 
 def raw_single_call(engine, prompts: list[list[int]], tokens_each: int, seed: int, logprobs: bool) -> tuple[int, float]:
@@ -111,10 +120,12 @@ def replay_rollouts(trainer, cfg) -> tuple[tuple, tuple, tuple]:
         engine = trainer.engine if name == "vllm" else make_engine("hf", model_dir(cfg), cfg.model.engine, cfg.seed)
         engine.set_adapter(trainer.policy_dir / f"step_{trainer.state.step}")
         ro = Rollout(engine, trainer.rollout.codec, trainer.rollout.spec)
+        cold_cache(engine)
         eps, dt = timed(lambda: ro.run(rows, n=cfg.algorithm.rl.n_samples, seed=cfg.seed, step=10_000))
         agent[name] = (sum(e.n_generated() for e in eps), dt, eps)
     tokens, _, eps = agent["vllm"]
     prompts = [e.segments[0].context_ids for e in eps if e.segments]
+    cold_cache(trainer.engine)
     raw = raw_single_call(trainer.engine, prompts, math.ceil(tokens / len(prompts)), cfg.seed,
                           trainer.rollout.spec.logprobs)
     return agent["vllm"][:2], agent["hf"][:2], raw
