@@ -155,7 +155,7 @@ class RlConfig:
     mismatch_every: int = field(1, "Ask the sampler for its tokens' log-probs on every Nth step, from the first, "
                                    "and log rollout/logprob_mismatch on those steps only (0 = never). Training "
                                    "does not read them unless tis_cap > 0, which asks on every step; on CPU "
-                                   "vLLM they cost about a sixth of a rollout (docs/PERFORMANCE.md).", minimum=0)
+                                   "vLLM they cost about a tenth of a rollout (docs/PERFORMANCE.md).", minimum=0)
     train_roles: str = field("both", "Whose segments the policy loss trains: both roles share the episode's "
                                      "advantage (the paper), or only the planner's (the executor keeps its "
                                      "warmup behaviour, plus the SFT term when on).", TRAIN_ROLES)
