@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from utils.agent.engines import make_engine  # noqa: E402
+from utils.agent.engines import empty_prefix_cache, make_engine  # noqa: E402
 from utils.agent.rollout import Codec, Rollout, RolloutSpec  # noqa: E402
 from utils.core.cli import parse_stage_args  # noqa: E402
 from utils.core.config import ROOT  # noqa: E402
@@ -36,8 +36,7 @@ from utils.core.stages import model_dir  # noqa: E402
 def timed_rollout(engine, codec, spec, rows, n, step):
     """(seconds, generated ids) of one rollout, from an empty prefix cache: every arm replays the same
     requests, and without the reset a later arm would find an earlier arm's contexts cached."""
-    if hasattr(engine, "llm"):  # vLLM
-        engine.llm.reset_prefix_cache()
+    empty_prefix_cache(engine)
     t0 = time.perf_counter()
     episodes = Rollout(engine, codec, spec).run(rows, n=n, seed=1, step=step)
     tokens = [[s.gen_ids for s in e.segments] for e in episodes]

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from utils.agent.engines import make_engine  # noqa: E402
+from utils.agent.engines import empty_prefix_cache, make_engine  # noqa: E402
 from utils.agent.rollout import Rollout, RolloutSpec  # noqa: E402
 from utils.core.cli import parse_stage_args  # noqa: E402
 from utils.core.config import ROOT  # noqa: E402
@@ -54,13 +54,6 @@ def timed(fn):
     t0 = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t0
-
-
-def cold_cache(engine) -> None:
-    """Empty vLLM's prefix cache: each replay starts as a step's rollout does after a weight sync,
-    and none finds the prompts an earlier replay (or the last step) left cached."""
-    if hasattr(engine, "llm"):
-        engine.llm.reset_prefix_cache()
 
 
 def raw_single_call(engine, prompts: list[list[int]], tokens_each: int, seed: int, logprobs: bool) -> tuple[int, float]:
@@ -120,12 +113,12 @@ def replay_rollouts(trainer, cfg) -> tuple[tuple, tuple, tuple]:
         engine = trainer.engine if name == "vllm" else make_engine("hf", model_dir(cfg), cfg.model.engine, cfg.seed)
         engine.set_adapter(trainer.policy_dir / f"step_{trainer.state.step}")
         ro = Rollout(engine, trainer.rollout.codec, trainer.rollout.spec)
-        cold_cache(engine)
+        empty_prefix_cache(engine)
         eps, dt = timed(lambda: ro.run(rows, n=cfg.algorithm.rl.n_samples, seed=cfg.seed, step=10_000))
         agent[name] = (sum(e.n_generated() for e in eps), dt, eps)
     tokens, _, eps = agent["vllm"]
     prompts = [e.segments[0].context_ids for e in eps if e.segments]
-    cold_cache(trainer.engine)
+    empty_prefix_cache(trainer.engine)
     raw = raw_single_call(trainer.engine, prompts, math.ceil(tokens / len(prompts)), cfg.seed,
                           trainer.rollout.spec.logprobs)
     return agent["vllm"][:2], agent["hf"][:2], raw

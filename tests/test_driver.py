@@ -179,9 +179,17 @@ def test_a_config_change_is_named_key_by_key():
     assert config_changes({"ops": ("+", "-")}, {"ops": ["+", "-"]}) == "the config hash differs"  # as JSON records it
 
 
+def _recorded_rl_stage(tmp_path, recorded: dict):
+    """The manifest of a completed red stage that recorded the config slice `recorded`."""
+    from utils.core.manifest import StageRun
+
+    with StageRun("05_train_red_grpo/red", tmp_path / "run" / "05_train_red_grpo" / "red", recorded):
+        pass
+    return tmp_path / "run" / "05_train_red_grpo" / "red" / "manifest.json"
+
+
 def test_a_setting_added_at_its_default_keeps_a_stage_up_to_date(tmp_path):
     from utils.core.loader import load_run_config
-    from utils.core.manifest import StageRun
     from utils.core.stages import stage_config
     from utils.run.driver import _verdict, without_new_defaults
 
@@ -190,9 +198,7 @@ def test_a_setting_added_at_its_default_keeps_a_stage_up_to_date(tmp_path):
     now = stage_config(cfg, "05_train_red_grpo")
     recorded = json.loads(json.dumps(now))  # a stage run by code without two of today's settings
     del recorded["algorithm"]["rl"]["stratify"], recorded["algorithm"]["rl"]["lr_warmup_steps"]
-    with StageRun("05_train_red_grpo/red", tmp_path / "run" / "05_train_red_grpo" / "red", recorded):
-        pass
-    path = tmp_path / "run" / "05_train_red_grpo" / "red" / "manifest.json"
+    path = _recorded_rl_stage(tmp_path, recorded)
     assert _verdict(path, now, cfg) == (True, "up to date; settings added since, at their defaults: "
                                               "algorithm.rl.lr_warmup_steps, algorithm.rl.stratify")
     on = json.loads(json.dumps(now))
@@ -211,7 +217,6 @@ def test_a_setting_that_changes_only_what_a_step_logs_keeps_a_stage_up_to_date(t
     mismatch logged, not what trains (tests/test_trainer.py): a stage recorded without it, or at
     another value, stays up to date and the reason says so; a change beside it still counts."""
     from utils.core.loader import load_run_config
-    from utils.core.manifest import StageRun
     from utils.core.stages import stage_config
     from utils.run.driver import _verdict
 
@@ -220,9 +225,7 @@ def test_a_setting_that_changes_only_what_a_step_logs_keeps_a_stage_up_to_date(t
     assert now["algorithm"]["rl"]["mismatch_every"] == 5
     recorded = json.loads(json.dumps(now))
     del recorded["algorithm"]["rl"]["mismatch_every"]  # a stage run before the setting existed (every step)
-    with StageRun("05_train_red_grpo/red", tmp_path / "run" / "05_train_red_grpo" / "red", recorded):
-        pass
-    path = tmp_path / "run" / "05_train_red_grpo" / "red" / "manifest.json"
+    path = _recorded_rl_stage(tmp_path, recorded)
     assert _verdict(path, now, cfg) == (True, "up to date; differs only in what a step logs: "
                                               "algorithm.rl.mismatch_every added (= 5)")
     other = json.loads(json.dumps(now))

@@ -290,6 +290,14 @@ def cuda_available() -> bool:
 ENGINES = {"hf": HFEngine, "vllm": VLLMEngine, "openai": OpenAIEngine}
 
 
+def empty_prefix_cache(engine) -> None:
+    """Drop a vLLM engine's prefix cache (an engine without one has nothing to drop), so that a
+    benchmark's replay starts as a training step's rollout does after its weight sync, and does
+    not find an earlier replay's prompts cached."""
+    if isinstance(engine, VLLMEngine):
+        engine.llm.reset_prefix_cache()
+
+
 def make_engine(name: str, model_path: Path, cfg: EngineConfig, seed: int = 0,
                 trust_remote_code: bool = False) -> Engine:
     if name not in ENGINES:

@@ -168,18 +168,13 @@ def without_new_defaults(recorded: dict, now: dict) -> tuple[dict, str]:
 RESULT_NEUTRAL = ("algorithm.rl.mismatch_every",)  # changes what a step logs, never what it trains or writes
 
 
-def without_neutral(config: dict) -> dict:
-    """`config` without the `RESULT_NEUTRAL` settings: a stage that differs from its manifest only in
-    those is up to date (its adapters and results would come out bit for bit the same)."""
-    out = json.loads(json.dumps(config))
-    for key in RESULT_NEUTRAL:
-        *path, leaf = key.split(".")
-        node = out
-        for part in path:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(leaf, None)
-    return out
+def differs_only_in_logging(recorded: dict, now: dict) -> bool:
+    """Whether two config slices are equal but for `RESULT_NEUTRAL` settings: a stage that differs
+    from its manifest only there is up to date (its adapters and results would come out bit for
+    bit the same)."""
+    old, new = (flatten(json.loads(json.dumps(c))) for c in (recorded, now))
+    return ({k: v for k, v in old.items() if k not in RESULT_NEUTRAL}
+            == {k: v for k, v in new.items() if k not in RESULT_NEUTRAL})
 
 
 def up_to_date(step: Step, common: list[str]) -> tuple[Path, bool, str]:
@@ -206,7 +201,7 @@ def _verdict(path: Path, config: dict, cfg) -> tuple[bool, str]:
         if added:
             notes.append(f"settings added since, at their defaults: {added}")
         if m.get("config_sha256") != config_sha256(config):
-            if config_sha256(without_neutral(recorded)) != config_sha256(without_neutral(config)):
+            if not differs_only_in_logging(recorded, config):
                 return False, f"config changed: {config_changes(recorded, config)}"
             notes.append(f"differs only in what a step logs: {config_changes(recorded, config)}")
     for p, digest in m.get("inputs", {}).items():
