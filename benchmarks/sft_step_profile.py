@@ -11,13 +11,16 @@ directory. It records `--steps` of the loop's batches, then times, per batch and
 - **lora fwd+bwd**: the same loss and backward through the LoRA model, no optimizer;
 - **peft fwd+bwd**: the same through a copy running peft's own LoRA forward, not the fused one
   load_policy installs (utils/train/lora_fast.py): what that forward saves;
+- **folded fwd+bwd**: the same through a copy running the folded forward (`model.lora.forward:
+  folded`, one wide product a layer, not the same arithmetic), or the fused one when the run's
+  config already folds (then the step is the folded one);
 - **merged fwd+bwd**: the same loss and backward through a copy with the adapter merged into the
   weights and every weight frozen but the input embedding, so the backward computes the same
   activation gradients without the rank-r products: the floor the speed issue measures against.
 
 Prints each one's median seconds per batch, then the last line
 
-    step/merged=<ratio> lora/merged=<ratio> peft/merged=<ratio> optimizer_share=<(step - lora) / step>
+    step/merged=<ratio> lora/merged=<ratio> peft/merged=<ratio> folded/merged=<ratio> optimizer_share=<(step - lora) / step>
 
 With `--compile`, the LoRA model (for the step and its fwd+bwd), peft's copy and the floor run under
 `torch.compile(dynamic=True)`; the first pass over each is untimed and its seconds printed (the
@@ -41,7 +44,7 @@ from utils.core.cli import parse_stage_args  # noqa: E402
 from utils.core.config import ROOT  # noqa: E402
 from utils.core.models import load_tokenizer  # noqa: E402
 from utils.core.stages import model_dir  # noqa: E402
-from utils.train.lora_fast import uninstall_fast_lora  # noqa: E402
+from utils.train.lora_fast import install_fast_lora, uninstall_fast_lora  # noqa: E402
 from utils.train.policy import load_policy, sft_loss  # noqa: E402
 from utils.train.sft_trainer import SftLoop  # noqa: E402
 
@@ -74,10 +77,10 @@ def record_batches(loop: SftLoop, steps: int) -> list:
     return batches
 
 
-def profile(loop: SftLoop, stock, floor, batches: list, rounds: int, pad_id: int) -> dict[str, list[float]]:
-    """Per-batch seconds of the real step, the LoRA fwd+bwd (fused, then peft's) and the merged
-    floor's, alternating."""
-    times = {"step": [], "lora fwd+bwd": [], "peft fwd+bwd": [], "merged fwd+bwd": []}
+def profile(loop: SftLoop, stock, other, floor, batches: list, rounds: int, pad_id: int) -> dict[str, list[float]]:
+    """Per-batch seconds of the real step, the LoRA fwd+bwd (the config's forward, peft's, the other
+    one) and the merged floor's, alternating."""
+    times = {"step": [], "lora fwd+bwd": [], "peft fwd+bwd": [], "folded fwd+bwd": [], "merged fwd+bwd": []}
     queue = iter(b for _ in range(rounds) for b in batches)
     loop._next_batch = lambda: next(queue)  # the real step takes the recorded batches, in order
     for _ in range(rounds):
@@ -88,6 +91,7 @@ def profile(loop: SftLoop, stock, floor, batches: list, rounds: int, pad_id: int
             times["step"].append(time.perf_counter() - t0)
             times["lora fwd+bwd"].append(fwd_bwd(loop.model, batch, pad_id))
             times["peft fwd+bwd"].append(fwd_bwd(stock, batch, pad_id))
+            times["folded fwd+bwd"].append(fwd_bwd(other, batch, pad_id))
             times["merged fwd+bwd"].append(fwd_bwd(floor, batch, pad_id))
     return times
 
@@ -115,14 +119,15 @@ def main() -> int:
                    Path(tempfile.mkdtemp(prefix="sft_step_profile_")), None, "profile")
     model.train()
     batches = record_batches(loop, args.steps)
-    floor, stock = merged_floor(model), copy.deepcopy(model)
+    floor, stock, other = merged_floor(model), copy.deepcopy(model), copy.deepcopy(model)
     uninstall_fast_lora(stock)
+    install_fast_lora(other, "fused" if cfg.model.lora.forward == "folded" else "folded")
     if args.compile:
         loop.model, floor = torch.compile(model, dynamic=True), torch.compile(floor, dynamic=True)
-        stock = torch.compile(stock, dynamic=True)
-    for name, m in (("lora", loop.model), ("peft", stock), ("merged", floor)):  # first-call costs are not a step's
+        stock, other = torch.compile(stock, dynamic=True), torch.compile(other, dynamic=True)
+    for name, m in (("lora", loop.model), ("peft", stock), ("folded", other), ("merged", floor)):  # first-call costs are not a step's
         print(f"first fwd+bwd, {name}: {sum(fwd_bwd(m, b, pad_id) for b in batches[:2]):.1f} s")
-    times = profile(loop, stock, floor, batches, args.rounds, pad_id)
+    times = profile(loop, stock, other, floor, batches, args.rounds, pad_id)
     med = {k: statistics.median(v) for k, v in times.items()}
     tokens = statistics.fmean(sum(len(e.ids) for e in b) for b in batches)
     print(f"{args.run}: {args.steps} batches of {cfg.warmup.batch_size} ({tokens:.0f} tokens each on average), "
@@ -131,6 +136,7 @@ def main() -> int:
         print(f"{k:<16}{v * 1000:>9.1f} ms  (spread {min(times[k]) * 1000:.1f}-{max(times[k]) * 1000:.1f})")
     print(f"step/merged={med['step'] / med['merged fwd+bwd']:.2f} lora/merged={med['lora fwd+bwd'] / med['merged fwd+bwd']:.2f} "
           f"peft/merged={med['peft fwd+bwd'] / med['merged fwd+bwd']:.2f} "
+          f"folded/merged={med['folded fwd+bwd'] / med['merged fwd+bwd']:.2f} "
           f"optimizer_share={(med['step'] - med['lora fwd+bwd']) / med['step']:.2f}")
     return 0
 

@@ -144,9 +144,11 @@ def test_choice_lists_agree_with_the_registries():
     from utils.core.methods import METHODS
     from utils.data.adapters import ADAPTERS
     from utils.reward.scorers import SCORERS
+    from utils.train.lora_fast import FORWARDS
     from utils.train.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 
     assert set(schema.ENGINE_NAMES) == set(ENGINES)
+    assert set(schema.LORA_FORWARDS) == set(FORWARDS)
     assert set(schema.LOSS_AGGS) == set(AGGREGATIONS)
     assert set(schema.ADV_SCALINGS) == set(ADVANTAGES)
     assert set(schema.POLICY_LOSS_NAMES) == set(POLICY_LOSSES)

@@ -8,6 +8,7 @@ each pair agrees.
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINE_NAMES = ("vllm", "hf", "openai")  # utils/agent/engines.py ENGINES
 LORA_SERVING = ("adapter", "merged")  # utils/agent/engines.py VLLMEngine
+LORA_FORWARDS = ("fused", "folded")  # utils/train/lora_fast.py FORWARDS
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")  # utils/train/losses.py
 ADV_SCALINGS = ("group", "batch", "none", "rloo")  # utils/train/losses.py ADVANTAGES
 POLICY_LOSS_NAMES = ("ppo_clip", "gspo")  # utils/train/losses.py POLICY_LOSSES

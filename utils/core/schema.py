@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from utils.core.choices import (DTYPES, ENGINE_NAMES, LORA_SERVING, LOSS_AGGS, ADV_SCALINGS, POLICY_LOSS_NAMES,
+from utils.core.choices import (DTYPES, ENGINE_NAMES, LORA_SERVING, LORA_FORWARDS, LOSS_AGGS, ADV_SCALINGS, POLICY_LOSS_NAMES,
                                 SCORER_NAMES, ADAPTER_NAMES, RETRIEVER_NAMES, TRAIN_ROLES, INDEPENDENCE_REFS,
                                 OFFLINE_SHIFTS, THINKING_MODES, LEAKAGE_POLICIES, PRIMARY_METRICS)
 from utils.core.config import CONFIG_DIR, MOVED, field
@@ -28,6 +28,10 @@ class LoraConfig:
     target_modules: list[str] = field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
                                       "Module names that get LoRA adapters.")
     full_finetune: bool = field(False, "Train all weights instead of LoRA adapters.")
+    forward: str = field("fused", "The trainer's LoRA layer: `fused`, base(x) + (A x)(s B)^T in one GEMM (peft's "
+                                  "sum, fewer passes), or `folded`, x (W + s B A)^T, one wide product instead of "
+                                  "four skinny rank-r ones a layer: faster on the tiny CPU model, not the same "
+                                  "arithmetic (utils/train/lora_fast.py, docs/PERFORMANCE.md).", LORA_FORWARDS)
 
 
 @dataclass

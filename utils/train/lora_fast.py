@@ -24,6 +24,15 @@ than one active adapter, an adapter variant (DoRA and the like), merged or disab
 per-row `adapter_names`, and inputs whose dtype differs from the adapter's (peft casts them; peft
 keeps a bfloat16 base's adapters in float32, so the GPU model configs stay on peft's forward twice
 over). Only the embedded default's path (float32, no dropout) is measured (docs/PERFORMANCE.md).
+
+`model.lora.forward: folded` installs `folded_forward` instead: the adapter folded into the layer's
+weight on every call, `x (W + scaling * B A)^T`, one wide product. Its backward computes the folded
+weight's gradient (one more wide product, tokens x in x out) and passes it to A and B through two
+tiny ones, where the fused sum runs four skinny rank-r products over every token; on a model whose
+token count per batch far exceeds its widths (the tiny default: ~3k tokens, width 128) that is
+cheaper. It is not the same arithmetic: losses agree with the sum's to fp32 rounding and gradients
+to about 1e-5 of their size, so training drifts apart over hundreds of steps (a numerics change).
+Off the path it also runs peft's forward.
 """
 from __future__ import annotations
 
@@ -63,15 +72,31 @@ def fast_forward(self, x, *args, **kwargs):
     return torch.addmm(result.reshape(-1, shape[-1]), h.reshape(-1, h.shape[-1]), b.t()).view(shape)
 
 
-def install_fast_lora(model) -> int:
-    """Give every peft LoRA linear layer of `model` the fused forward; returns how many it changed.
-    A model without peft LoRA layers (full fine-tuning) is left as it is."""
+def folded_forward(self, x, *args, **kwargs):
+    """`x (W + scaling * B A)^T (+ bias)`: the adapter folded into the weight; peft's forward off the path."""
+    import torch
+    import torch.nn.functional as F
+
+    name = fast_path(self, x, args, kwargs)
+    if name is None:
+        return type(self).forward(self, x, *args, **kwargs)
+    base = self.base_layer
+    weight = torch.addmm(base.weight, self.lora_B[name].weight, self.lora_A[name].weight, alpha=self.scaling[name])
+    return F.linear(x, weight, base.bias)
+
+
+FORWARDS = {"fused": fast_forward, "folded": folded_forward}  # model.lora.forward (utils/core/choices.py)
+
+
+def install_fast_lora(model, forward: str = "fused") -> int:
+    """Give every peft LoRA linear layer of `model` the `forward` named (FORWARDS); returns how many it
+    changed. A model without peft LoRA layers (full fine-tuning) is left as it is."""
     from peft.tuners.lora.layer import Linear as LoraLinear
 
     count = 0
     for module in model.modules():
         if type(module) is LoraLinear:  # subclasses (quantised layers) keep their own forward
-            module.forward = types.MethodType(fast_forward, module)
+            module.forward = types.MethodType(FORWARDS[forward], module)
             count += 1
     return count
 
@@ -81,7 +106,7 @@ def uninstall_fast_lora(model) -> int:
     two); returns how many it restored."""
     count = 0
     for module in model.modules():
-        if getattr(module.__dict__.get("forward"), "__func__", None) is fast_forward:
+        if getattr(module.__dict__.get("forward"), "__func__", None) in FORWARDS.values():
             del module.forward
             count += 1
     return count

@@ -36,7 +36,7 @@ def load_policy(base_path: Path, lora: LoraConfig, dtype: str = "float32", adapt
         cfg = PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                              target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
         policy = get_peft_model(model, cfg)
-    install_fast_lora(policy)  # the same sum with fewer passes (utils/train/lora_fast.py)
+    install_fast_lora(policy, lora.forward)  # fewer passes than peft's forward (utils/train/lora_fast.py)
     return policy.to(device)
 
 
