@@ -16,10 +16,11 @@ from utils.core.stages import StageError
 from utils.core.stream import rl_question_key, take
 
 
-def _cfg(rounds: int):
+def _cfg(rounds: int, refill: str = "rounds"):
     return load_run_config(algorithm="grpo", overrides=[
         *EVERY_QUESTION, "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=4", "algorithm.rl.n_samples=4",
-        f"algorithm.rl.dynamic_sampling={rounds}", "algorithm.rl.save_freq=100", "algorithm.rl.dump_freq=0"])
+        f"algorithm.rl.dynamic_sampling={rounds}", "algorithm.rl.save_freq=100", "algorithm.rl.dump_freq=0",
+        f"algorithm.rl.refill={refill}"])
 
 
 def _engine(hf_base, base_dir, rows, mixed: set[str]):
@@ -46,9 +47,12 @@ def _expected(trainer, rounds: int, mixed: set[str]):
     return kept, seen, rounds + 1
 
 
+@pytest.mark.parametrize("refill", ["rounds", "pipelined"])
 @pytest.mark.parametrize("rounds", [1, 6])
-def test_dropped_groups_are_refilled_up_to_the_cap(hf_base, base_dir, tmp_path, rounds):
-    trainer = make_trainer(_cfg(rounds), None, None, tmp_path, base_dir)
+def test_dropped_groups_are_refilled_up_to_the_cap(hf_base, base_dir, tmp_path, rounds, refill):
+    """Both refills keep the same groups: pipelined starts each replacement when its dropped group
+    ends, at the place and with the seeds it has in rounds."""
+    trainer = make_trainer(_cfg(rounds, refill), None, None, tmp_path, base_dir)
     mixed = {r["question"] for i, r in enumerate(trainer.rows) if i % 3 == 0}
     engine = _engine(hf_base, base_dir, trainer.rows, mixed)
     trainer.engine = trainer.rollout.engine = engine
@@ -71,8 +75,9 @@ def test_dropped_groups_are_refilled_up_to_the_cap(hf_base, base_dir, tmp_path, 
         assert used == 2 and len(kept) < 4  # the cap stopped it short of a full batch
 
 
-def test_a_step_with_no_signal_stops_the_run_without_training(hf_base, base_dir, tmp_path):
-    trainer = make_trainer(_cfg(2), None, None, tmp_path, base_dir)
+@pytest.mark.parametrize("refill", ["rounds", "pipelined"])
+def test_a_step_with_no_signal_stops_the_run_without_training(hf_base, base_dir, tmp_path, refill):
+    trainer = make_trainer(_cfg(2, refill), None, None, tmp_path, base_dir)
     trainer.engine = trainer.rollout.engine = _engine(hf_base, base_dir, trainer.rows, mixed=set())
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     with pytest.raises(StageError, match=r"every group of 12 questions had equal answer scores .* after 2 extra "

@@ -112,6 +112,24 @@ def test_the_mismatch_check_on_every_nth_step_trains_bit_for_bit_alike(vllm_engi
     assert all(torch.equal(always_params[n], sparse_params[n]) for n in always_params)
 
 
+def test_a_pipelined_refill_runs_on_the_real_engine(vllm_engine, protocol_adapter, tmp_path, base_dir):
+    """refill=pipelined on real vLLM: dropped groups are replaced inside the running rollout (more
+    than one sampling round, the refill's time inside the rollout's), the batch holds at most
+    questions_per_step groups, and the policy trains. That it draws the same questions as rounds is
+    checked on a rule engine (tests/test_dynamic_sampling.py): on vLLM the two need not sample the
+    same tokens (utils/train/refill.py)."""
+    cfg = _cfg("algorithm.rl.temperature=0.7", "algorithm.rl.dynamic_sampling=2", "algorithm.rl.lr=0.0003",
+               "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=8", "algorithm.rl.refill=pipelined")
+    trainer = make_trainer(cfg, vllm_engine, protocol_adapter, tmp_path, base_dir)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    (m,) = trainer.train()
+    rows, episodes = trainer.last_rollout
+    assert m["train/sampling_rounds"] > 1 and 0 < m["time/rollout_refill"] < m["time/rollout"], m
+    assert len(rows) == m["train/kept_groups"] <= 8 and len(episodes) == 4 * len(rows)
+    assert m["train/dropped_groups"] > 0 and len({r["id"] for r in rows}) == len(rows)
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if p.requires_grad)
+
+
 def test_a_stale_sampler_is_detected(vllm_engine, protocol_adapter, tmp_path, base_dir, monkeypatch):
     trainer = make_trainer(_cfg("algorithm.rl.lr=0.02", "algorithm.rl.tis_cap=1.001"), vllm_engine, protocol_adapter,
                        tmp_path, base_dir)

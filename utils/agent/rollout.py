@@ -96,7 +96,11 @@ class Rollout:
     def __init__(self, engine: Engine, codec: Codec, spec: RolloutSpec, retriever=None):
         self.engine, self.codec, self.spec, self.retriever = engine, codec, spec, retriever
         self._evidence: list[str | None] = []  # per episode of the running batch: its row's context
-        self._first = 0  # the running batch's first episode index (data parallelism)
+        self._index: list[int] = []  # per episode: the index it is seeded as (its place in a larger batch)
+        self._left: list[int] = []  # per row added: its episodes still running
+        self._group: dict[int, int] = {}  # id(episode) -> its row's place in the batch
+        self._ended: list[int] = []  # rows whose episodes have all ended, not yet handed to on_group
+        self._n = 1
 
     def _sampling(self, max_tokens: int, stops: list[str]) -> SamplingSpec:
         return SamplingSpec(max_tokens=max_tokens, temperature=self.spec.temperature, top_p=self.spec.top_p,
@@ -108,6 +112,10 @@ class Rollout:
     def _end(self, ep: Episode, status: str, error: str | None = None) -> None:
         ep.status, ep.error = status, error
         ep.transcript += f"[end: {status}{': ' + error if error else ''}]\n"
+        g = self._group[id(ep)]
+        self._left[g] -= 1
+        if not self._left[g]:
+            self._ended.append(g)
 
     def _submit(self, key: tuple, context: list[int], want: int, seed: int) -> bool:
         """Queue one turn's request; False (and nothing queued) if its context leaves no token budget."""
@@ -122,34 +130,55 @@ class Rollout:
         if turn >= self.spec.max_turns:
             self._end(ep, "max_turns", f"no <answer> after {self.spec.max_turns} planner turns")
         elif not self._submit((PLANNER, i, turn, None), ep.planner_ids, self.spec.max_new_tokens_planner,
-                              derive_seed(seed, step, self._first + i, turn, "planner")):
+                              derive_seed(seed, step, self._index[i], turn, "planner")):
             self._end(ep, "malformed", "planner context exceeds max_model_len")
 
-    def run(self, rows: list[dict], n: int, seed: int, step: int = 0, first: int = 0) -> list[Episode]:
+    def run(self, rows: list[dict], n: int, seed: int, step: int = 0, first: int = 0,
+            on_group=None) -> list[Episode]:
         """n episodes per row ({id, question, answers, context?}); deterministic in (seed, step).
         `first`: the index of the first episode in a larger batch that several data-parallel ranks
         share (utils/train/world.py), so each episode is seeded as it would be in one process.
 
         Every request is seeded by (seed, step, episode, turn, role) alone, and episodes advance
         independently: an executor call is queued as soon as its planner turn ends, and the next
-        planner turn as soon as its result is injected, all on the engine's one request stream."""
-        episodes, self._evidence, self._first = [], [], first
-        for row in rows:
-            prompt, ids = self.codec.planner_prompt(row["question"], row.get("context"))
-            self._evidence += [row.get("context")] * n
-            for k in range(n):
-                episodes.append(Episode(row["id"], row["question"], list(row["answers"]), k, planner_ids=list(ids),
-                                        transcript=prompt))
-        for i, ep in enumerate(episodes):
-            self._submit_planner(i, ep, seed, step, 0)
-        while done := self.engine.poll():
+        planner turn as soon as its result is injected, all on the engine's one request stream.
+
+        `on_group(g, episodes)`, when given, is called as soon as the n episodes of the g-th row
+        (in the order rows were added) have all ended; it returns rows to add to the running batch,
+        each as (row, the index its first episode is seeded as), whose episodes start at once on
+        the same stream. The result lists every row's episodes in the order the rows were added."""
+        episodes: list[Episode] = []
+        self._evidence, self._index, self._left, self._group, self._ended, self._n = [], [], [], {}, [], n
+        self._start(episodes, [(row, first + g * n) for g, row in enumerate(rows)], seed, step)
+        while True:
+            while on_group is not None and self._ended:
+                g = self._ended.pop(0)
+                self._start(episodes, on_group(g, episodes[g * n:(g + 1) * n]), seed, step)
+            done = self.engine.poll()
+            if not done:
+                return episodes
             fault_point("rollout")  # the kill-anywhere test's cut (utils/core/faults.py)
             for (role, i, turn, call), sample in done:
                 if role == PLANNER:
                     self._planner_done(i, episodes[i], turn, sample, seed, step)
                 else:
                     self._executor_done(i, episodes[i], turn, call, sample, seed, step)
-        return episodes
+
+    def _start(self, episodes: list[Episode], rows: list[tuple[dict, int]], seed: int, step: int) -> None:
+        """Add n episodes of each (row, seed index of its first episode) and queue their first turns."""
+        start = len(episodes)
+        for row, index in rows:
+            prompt, ids = self.codec.planner_prompt(row["question"], row.get("context"))
+            self._evidence += [row.get("context")] * self._n
+            self._index += [index + k for k in range(self._n)]
+            self._left.append(self._n)
+            for k in range(self._n):
+                ep = Episode(row["id"], row["question"], list(row["answers"]), k, planner_ids=list(ids),
+                             transcript=prompt)
+                self._group[id(ep)] = len(self._left) - 1
+                episodes.append(ep)
+        for i in range(start, len(episodes)):
+            self._submit_planner(i, episodes[i], seed, step, 0)
 
     def _planner_done(self, i: int, ep: Episode, turn: int, s, seed: int, step: int) -> None:
         ep.segments.append(Segment(PLANNER, turn, list(ep.planner_ids), s.token_ids, s.logprobs, s.text,
@@ -174,7 +203,7 @@ class Rollout:
         searches = call[2]
         role = "executor" if searches == 0 else f"executor/{searches}"
         if not self._submit((EXECUTOR, i, turn, call), call[1], self.spec.max_new_tokens_executor,
-                            derive_seed(seed, step, self._first + i, turn, role)):
+                            derive_seed(seed, step, self._index[i], turn, role)):
             self._end(ep, "executor_error", "executor context exceeds max_model_len")
 
     def _search(self, ep: Episode, turn: int, query: str) -> str:

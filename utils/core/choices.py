@@ -16,6 +16,7 @@ SCORER_NAMES = ("em", "f1", "cem", "numeric")  # utils/reward/scorers.py SCORERS
 ADAPTER_NAMES = ("synthetic_arith", "synthetic_lookup", "gsm8k", "finqa", "hotpotqa")  # utils/data/adapters.py
 RETRIEVER_NAMES = ("none", "bm25", "dense")  # utils/agent/retrieval.py RETRIEVERS, or no tool
 TRAIN_ROLES = ("both", "planner", "executor")  # utils/train/grpo.py build_rl_batch
+REFILLS = ("rounds", "pipelined")  # utils/train/grpo_trainer.py _rollouts, utils/train/refill.py
 INDEPENDENCE_REFS = (r"\b(it|its|this|that|these|those|above|previous|prior|earlier|last|same|former|latter)\b"
                      r"|\bthe (result|answer|output|value)s?\b|\bstep\s*\d+|#\d+|<result>")
 OFFLINE_SHIFTS = ("accuracy", "none")  # utils/train/losses.py offline_ratio

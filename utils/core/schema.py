@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from utils.core.choices import (DTYPES, ENGINE_NAMES, LORA_SERVING, LORA_FORWARDS, LOSS_AGGS, ADV_SCALINGS, POLICY_LOSS_NAMES,
                                 SCORER_NAMES, ADAPTER_NAMES, RETRIEVER_NAMES, TRAIN_ROLES, INDEPENDENCE_REFS,
-                                OFFLINE_SHIFTS, THINKING_MODES, LEAKAGE_POLICIES, PRIMARY_METRICS)
+                                OFFLINE_SHIFTS, THINKING_MODES, LEAKAGE_POLICIES, PRIMARY_METRICS, REFILLS)
 from utils.core.config import CONFIG_DIR, MOVED, field
 
 # a method is its config file (utils/core/methods.py): the names are the files' stems, not a copy
@@ -133,6 +133,12 @@ class RlConfig:
     dynamic_sampling: int = field(0, "DAPO's dynamic sampling: drop groups whose answer scores are all equal (zero "
                                      "advantage) and refill from the next questions, at most this many extra "
                                      "rounds a step (0 = off). One rank only; not with red_paper.", minimum=0)
+    refill: str = field("rounds", "How dynamic sampling refills: rounds waits for a round's last group, then "
+                                  "draws as many questions as groups were dropped; pipelined starts each "
+                                  "replacement as soon as its dropped group ends, the same questions with the "
+                                  "same seeds, but sharing engine steps with other episodes, so on vLLM not "
+                                  "the same training bit for bit (utils/train/refill.py, docs/PERFORMANCE.md).",
+                        REFILLS)
     min_subtasks: int = field(0, "RL questions: only train rows whose gold decomposition has at least this many "
                                  "subtasks (0 = every row). SFT traces are unaffected (traces.*).", minimum=0)
     max_subtasks: int = field(0, "RL questions: only train rows whose gold decomposition has at most this many "

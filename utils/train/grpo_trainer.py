@@ -33,6 +33,7 @@ from utils.core.stages import StageError
 from utils.core.stream import Cursor, rl_question_key, take
 from utils.reward.spec import score_episodes
 from utils.train.guard import SkipStreak, guarded_step, zero_loss
+from utils.train.refill import has_signal, no_signal, pipelined_rollouts
 from utils.train.grpo import (batch_accuracy, build_rl_batch, group_advantages, minibatch_rows, red_grpo_loss,
                               sft_parts, take_rows, zero_variance_fraction)
 from utils.train.policy import (dropout_active, forward_logprobs, policy_device, reference_logprobs, sft_batch,
@@ -298,8 +299,12 @@ class GrpoTrainer:
         questions, at most R extra rounds, and the first questions_per_step groups with a signal are
         kept. A group's scores are those its variants' `answers` give (red_paper's expert replaces its
         last rollout's). RED's accuracy is then over every episode sampled this step (a filtered batch has
-        lost its all-right groups). No group with a signal after R extra rounds stops the run."""
+        lost its all-right groups). No group with a signal after R extra rounds stops the run. With
+        `refill: pipelined` utils/train/refill.py rolls out the same questions without the wait at
+        each round's end."""
         rl, n, seed, step = self.alg.rl, self.alg.rl.n_samples, self.cfg.seed, self.state.step
+        if rl.dynamic_sampling and rl.refill == "pipelined":  # the same questions, without the wait per round
+            return pipelined_rollouts(self, rows, first, variants)
         episodes = self.rollout.run(rows, n=n, seed=seed, step=step, first=first)
         scored = score_episodes(episodes, self.spec)
         if not rl.dynamic_sampling:
@@ -310,10 +315,7 @@ class GrpoTrainer:
             seen += scored
             for g, row in enumerate(rows):
                 group = slice(g * n, (g + 1) * n)
-                answers = [s["answer"] for s in scored[group]]
-                for v in variants:
-                    answers = v.answers(row, answers)
-                if len(set(answers)) > 1:
+                if has_signal(row, scored[group], variants):
                     kept.append((row, episodes[group], scored[group]))
                 else:
                     dropped += 1
@@ -326,10 +328,7 @@ class GrpoTrainer:
             scored = score_episodes(episodes, self.spec)
             refill += time.time() - t0
         if not kept:
-            raise StageError(f"step {step + 1}: every group of {len(seen) // n} questions had equal answer scores "
-                             f"(all right or all wrong) after {rounds} extra sampling rounds "
-                             f"(algorithm.rl.dynamic_sampling={rl.dynamic_sampling}): nothing to train on; allow "
-                             f"more rounds, or start from a policy whose samples disagree")
+            raise no_signal(step, len(seen) // n, rounds, rl.dynamic_sampling)
         kept = kept[:rl.questions_per_step]
         return ([r for r, _, _ in kept], [e for _, eps, _ in kept for e in eps], [s for _, _, sc in kept for s in sc],
                 {"accuracy": batch_accuracy(seen), "train/dropped_groups": dropped, "train/sampling_rounds": rounds + 1,
