@@ -5,7 +5,9 @@ weights). The loss is masked to each role's generated tokens. Every `warmup.eval
 current adapter is served by the rollout engine (model.engine.name) for greedy planner/executor
 rollouts on the val split, scored with the reward spec; results go to valid_samples/step_N.json.
 Writes logs/train.jsonl, ckpt_sft/{best,final} (peft adapter directories that vLLM loads as a
-LoRARequest) and the manifest. An interrupted run resumes from ckpt_sft/last. Under
+LoRARequest) and the manifest. With `warmup.patience` P it stops after P validations in a row below
+the best (the manifest's `stopped_early`; `final` is then the stop step's adapter). An interrupted
+run resumes from ckpt_sft/last. Under
 `accelerate launch --multi_gpu --num_processes N` the global batch is split over N ranks
 (utils/train/world.py); rank 0 alone validates and writes, and the manifest records world_size.
 """
@@ -69,7 +71,8 @@ def main(argv=None) -> int:
         for name in ("ckpt_sft/best", "ckpt_sft/final", "logs/train.jsonl"):
             run.add_output(out / name)
         last = state.history[-1] if state.history else {}
-        run.metrics.update(steps=state.step, resumed=resumed, best_step=state.best_step,
+        run.metrics.update(steps=state.step, stopped_early=state.step < cfg.warmup.steps, resumed=resumed,
+                           best_step=state.best_step,
                            best_val_accuracy=state.best_metric, final_val_accuracy=last.get("accuracy"),
                            final_val_format=last.get("format"), examples=len(examples),
                            trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad))

@@ -352,3 +352,43 @@ def test_flaws_drawn_per_length_give_each_length_the_rate_exactly(prepared):
     assert flawed_by_length({"a": 1, "b": 1}, 1.0, 0) == set() and flawed_by_length(lengths, 0.0, 0) == set()
     with pytest.raises(ConfigError, match="flaw_rate: 1.5 is not a share"):
         flawed_by_length(lengths, 1.5, 0)
+
+
+def test_patience_stops_after_validations_without_a_better_one_and_a_resume_stays_stopped(base_dir, tmp_path):
+    """warmup.patience=2, validations every 2 steps scoring 0.1, 0.3, 0.2, 0.25, (0.28, 0.29): the run
+    stops at step 8, after the second validation below 0.3. Its steps are the full run's (same losses
+    under the same lr schedule), its best adapter is the full run's (step 4) byte for byte, and a
+    resumed stopped run trains no more."""
+    from utils.agent.rollout import Codec
+    from utils.core.schema import LoraConfig, TemplatesConfig, WarmupConfig
+    from utils.tinyarith.quick import gold_examples
+    from utils.train.policy import load_policy
+    from utils.train.sft_trainer import SftLoop
+    from utils.data.synthetic import generate_rows
+
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    rows = [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])], "meta": {"steps": r["steps"]}}
+            for r in generate_rows(DataConfig(n_train=40, n_val=0, n_test=0))["train"]]
+    examples = gold_examples(rows, Codec(tok, TemplatesConfig()))
+    scores = {2: 0.1, 4: 0.3, 6: 0.2, 8: 0.25, 10: 0.28, 12: 0.29}
+
+    def run(out, patience):
+        torch.manual_seed(0)
+        model = load_policy(base_dir, LoraConfig())
+        cfg = WarmupConfig(steps=12, batch_size=8, warmup_steps=1, eval_every=2, save_every=3, patience=patience)
+        loop = SftLoop(model, examples, cfg, seed=0, pad_id=tok.pad_token_id, out_dir=out, config_sha="x",
+                       validate=lambda _d, step: {"accuracy": scores[step]})
+        loop.try_resume()
+        return loop.run()
+
+    def log(run_dir):
+        lines = (run_dir / "logs" / "train.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(x).items() if k != "time/step"} for x in lines]
+
+    full, stopped = run(tmp_path / "full", 0), run(tmp_path / "stopped", 2)
+    assert (full.step, full.best_step, [h["step"] for h in full.history]) == (12, 4, [2, 4, 6, 8, 10, 12])
+    assert (stopped.step, stopped.best_step, [h["step"] for h in stopped.history]) == (8, 4, [2, 4, 6, 8])
+    assert log(tmp_path / "stopped") == log(tmp_path / "full")[:8]
+    best = [(d / "ckpt_sft" / "best" / "adapter_model.safetensors").read_bytes() for d in (tmp_path / "full", tmp_path / "stopped")]
+    assert best[0] == best[1]
+    assert run(tmp_path / "stopped", 2).step == 8 and len(log(tmp_path / "stopped")) == 8  # resumed: still stopped

@@ -274,6 +274,10 @@ class WarmupConfig:
                                        "loss or gradient (0 = never stop).", minimum=0)
     eval_every: int = field(100, "Validate (greedy rollouts on val) every N steps; 0 = only at the end.", minimum=0)
     eval_size: int = field(100, "Validation questions per evaluation (0 = all).", minimum=0)
+    patience: int = field(0, "Stop once this many validations in a row have not beaten the best one (0 = run all "
+                             "`steps`). The lr schedule stays the one for `steps`, so a stopped run's steps are "
+                             "the full run's up to the stop, and its best checkpoint is the full run's unless the "
+                             "full run would have beaten it later.", minimum=0)
     save_every: int = field(100, "Write the resumable checkpoint every N steps.", minimum=1)
 
 

@@ -9,6 +9,9 @@ Under data parallelism (utils/train/world.py) every rank takes the same global b
 its shard; the loss is the shard's summed NLL over the global batch's target-token count, so the
 summed gradients are the global batch's token mean. Rank 0 alone logs, validates and saves; the
 checkpoint holds every rank's RNG state, and every rank resumes from it.
+With `patience` P, the loop stops after the P-th validation in a row that did not beat the best
+(every rank stops: rank 0's verdict is summed over the ranks); a resumed run that had stopped stays
+stopped. The lr schedule is the one for `steps` either way.
 A non-finite loss or gradient skips the optimizer update (the step and the schedule still advance,
 `skipped_nonfinite` is logged); `max_skips_in_a_row` skips in a row stop the run, naming the steps.
 """
@@ -99,6 +102,17 @@ class SftLoop:
             self.state.best_metric, self.state.best_step = metric, self.state.step
             save_weights(self.model, self.ckpt / "best")
 
+    def _patience_spent(self) -> bool:
+        """Whether `patience` validations in a row have not beaten the best (rank 0 holds the history;
+        with several ranks its verdict is summed, so every rank calls this at the same steps)."""
+        if not self.cfg.patience:
+            return False
+        best, history = self.state.best_step, self.state.history
+        spent = best is not None and sum(r["step"] > best for r in history) >= self.cfg.patience
+        if self.world.size > 1:
+            spent = self.world.sum(self.torch.tensor([float(spent and self.world.main)])).item() > 0
+        return spent
+
     def _loss(self, batch: list[Example]):
         """(this rank's loss, the global batch's loss): the token-mean NLL in one process; with
         several ranks, the shard's summed NLL over the whole batch's target tokens, and its sum."""
@@ -126,7 +140,8 @@ class SftLoop:
         if self.state.step == 0:
             self.torch.manual_seed(self.seed + self.world.rank)  # dropout masks differ between ranks
         self.model.train()
-        while self.state.step < self.cfg.steps:
+        stopped = self._patience_spent()
+        while self.state.step < self.cfg.steps and not stopped:
             t0 = time.perf_counter()
             loss, grad, skipped = self._update()
             self.sched.step()
@@ -139,11 +154,13 @@ class SftLoop:
                 progress.update(1)
                 progress.set_postfix(loss=f"{loss:.4f}")
             s = self.state.step
-            if self.world.main and ((self.cfg.eval_every and s % self.cfg.eval_every == 0) or s == self.cfg.steps):
+            validates = (self.cfg.eval_every and s % self.cfg.eval_every == 0) or s == self.cfg.steps
+            if self.world.main and validates:
                 self.model.eval()
                 self._evaluate()
                 self.model.train()
-            if s % self.cfg.save_every == 0 or s == self.cfg.steps:
+            stopped = bool(validates) and self._patience_spent()
+            if s % self.cfg.save_every == 0 or s == self.cfg.steps or stopped:
                 self.save_last()
         self.model.eval()
         if self.world.main:
