@@ -98,7 +98,6 @@ class Rollout:
         self._evidence: list[str | None] = []  # per episode of the running batch: its row's context
         self._index: list[int] = []  # per episode: the index it is seeded as (its place in a larger batch)
         self._left: list[int] = []  # per row added: its episodes still running
-        self._group: dict[int, int] = {}  # id(episode) -> its row's place in the batch
         self._ended: list[int] = []  # rows whose episodes have all ended, not yet handed to on_group
         self._n = 1
 
@@ -109,10 +108,10 @@ class Rollout:
     def _budget(self, ctx: list[int], want: int) -> int:
         return min(want, self.spec.max_model_len - len(ctx))
 
-    def _end(self, ep: Episode, status: str, error: str | None = None) -> None:
+    def _end(self, i: int, ep: Episode, status: str, error: str | None = None) -> None:
         ep.status, ep.error = status, error
         ep.transcript += f"[end: {status}{': ' + error if error else ''}]\n"
-        g = self._group[id(ep)]
+        g = i // self._n  # its row's place: every row adds n episodes in a row
         self._left[g] -= 1
         if not self._left[g]:
             self._ended.append(g)
@@ -128,10 +127,10 @@ class Rollout:
 
     def _submit_planner(self, i: int, ep: Episode, seed: int, step: int, turn: int) -> None:
         if turn >= self.spec.max_turns:
-            self._end(ep, "max_turns", f"no <answer> after {self.spec.max_turns} planner turns")
+            self._end(i, ep, "max_turns", f"no <answer> after {self.spec.max_turns} planner turns")
         elif not self._submit((PLANNER, i, turn, None), ep.planner_ids, self.spec.max_new_tokens_planner,
                               derive_seed(seed, step, self._index[i], turn, "planner")):
-            self._end(ep, "malformed", "planner context exceeds max_model_len")
+            self._end(i, ep, "malformed", "planner context exceeds max_model_len")
 
     def run(self, rows: list[dict], n: int, seed: int, step: int = 0, first: int = 0,
             on_group=None) -> list[Episode]:
@@ -148,7 +147,7 @@ class Rollout:
         each as (row, the index its first episode is seeded as), whose episodes start at once on
         the same stream. The result lists every row's episodes in the order the rows were added."""
         episodes: list[Episode] = []
-        self._evidence, self._index, self._left, self._group, self._ended, self._n = [], [], [], {}, [], n
+        self._evidence, self._index, self._left, self._ended, self._n = [], [], [], [], n
         self._start(episodes, [(row, first + g * n) for g, row in enumerate(rows)], seed, step)
         while True:
             while on_group is not None and self._ended:
@@ -172,11 +171,8 @@ class Rollout:
             self._evidence += [row.get("context")] * self._n
             self._index += [index + k for k in range(self._n)]
             self._left.append(self._n)
-            for k in range(self._n):
-                ep = Episode(row["id"], row["question"], list(row["answers"]), k, planner_ids=list(ids),
-                             transcript=prompt)
-                self._group[id(ep)] = len(self._left) - 1
-                episodes.append(ep)
+            episodes += [Episode(row["id"], row["question"], list(row["answers"]), k, planner_ids=list(ids),
+                                 transcript=prompt) for k in range(self._n)]
         for i in range(start, len(episodes)):
             self._submit_planner(i, episodes[i], seed, step, 0)
 
@@ -188,11 +184,11 @@ class Rollout:
         answer, task = last_action(s.text)
         if answer is not None:
             ep.final_answer = answer
-            self._end(ep, "answered")
+            self._end(i, ep, "answered")
         elif task is None:
-            self._end(ep, "malformed", "planner turn has neither <task> nor <answer>")
+            self._end(i, ep, "malformed", "planner turn has neither <task> nor <answer>")
         elif not task.strip():
-            self._end(ep, "malformed", "empty <task>")
+            self._end(i, ep, "malformed", "empty <task>")
         else:
             task = task.strip()
             self._submit_executor(i, ep, turn, (task, self.codec.executor_prompt(task, self._evidence[i]), 0),
@@ -204,7 +200,7 @@ class Rollout:
         role = "executor" if searches == 0 else f"executor/{searches}"
         if not self._submit((EXECUTOR, i, turn, call), call[1], self.spec.max_new_tokens_executor,
                             derive_seed(seed, step, self._index[i], turn, role)):
-            self._end(ep, "executor_error", "executor context exceeds max_model_len")
+            self._end(i, ep, "executor_error", "executor context exceeds max_model_len")
 
     def _search(self, ep: Episode, turn: int, query: str) -> str:
         """Run one search and record it; the information text to inject."""
@@ -228,7 +224,7 @@ class Rollout:
         answer, query = last_action(s.text, SEARCH) if tool else (extract_tag(s.text, ANSWER), None)
         if answer is None and query is not None:
             if searches >= self.spec.max_searches:
-                self._end(ep, "executor_error", f"more than {self.spec.max_searches} searches for one subtask")
+                self._end(i, ep, "executor_error", f"more than {self.spec.max_searches} searches for one subtask")
                 return
             info = self._search(ep, turn, query)
             ep.transcript += "  " + info
@@ -236,7 +232,7 @@ class Rollout:
                                   seed, step)
             return
         if answer is None:
-            self._end(ep, "executor_error", "executor never closed <answer>")
+            self._end(i, ep, "executor_error", "executor never closed <answer>")
             return
         injected, injected_ids = self.codec.result(answer)
         ep.planner_ids = ep.planner_ids + injected_ids

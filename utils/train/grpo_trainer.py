@@ -33,7 +33,7 @@ from utils.core.stages import StageError
 from utils.core.stream import Cursor, rl_question_key, take
 from utils.reward.spec import score_episodes
 from utils.train.guard import SkipStreak, guarded_step, zero_loss
-from utils.train.refill import has_signal, no_signal, pipelined_rollouts
+from utils.train.refill import has_signal, pipelined_rollouts, sampled_batch
 from utils.train.grpo import (batch_accuracy, build_rl_batch, group_advantages, minibatch_rows, red_grpo_loss,
                               sft_parts, take_rows, zero_variance_fraction)
 from utils.train.policy import (dropout_active, forward_logprobs, policy_device, reference_logprobs, sft_batch,
@@ -327,12 +327,7 @@ class GrpoTrainer:
             episodes = self.rollout.run(rows, n=n, seed=seed, step=step, first=rounds * rl.questions_per_step * n)
             scored = score_episodes(episodes, self.spec)
             refill += time.time() - t0
-        if not kept:
-            raise no_signal(step, len(seen) // n, rounds, rl.dynamic_sampling)
-        kept = kept[:rl.questions_per_step]
-        return ([r for r, _, _ in kept], [e for _, eps, _ in kept for e in eps], [s for _, _, sc in kept for s in sc],
-                {"accuracy": batch_accuracy(seen), "train/dropped_groups": dropped, "train/sampling_rounds": rounds + 1,
-                 "train/kept_groups": len(kept), "time/rollout_refill": refill})
+        return sampled_batch(kept, seen, dropped, rounds, refill, step, rl)
 
     def close(self) -> None:
         """Shut the sampling engine and, with a judge PRM, the judge's."""

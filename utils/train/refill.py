@@ -34,11 +34,20 @@ def has_signal(row: dict, scored: list[dict], variants) -> bool:
     return len(set(answers)) > 1
 
 
-def no_signal(step: int, groups: int, rounds: int, cap: int) -> StageError:
-    return StageError(f"step {step + 1}: every group of {groups} questions had equal answer scores "
-                      f"(all right or all wrong) after {rounds} extra sampling rounds "
-                      f"(algorithm.rl.dynamic_sampling={cap}): nothing to train on; allow "
-                      f"more rounds, or start from a policy whose samples disagree")
+def sampled_batch(kept: list[tuple], seen: list[dict], dropped: int, rounds: int, refill: float, step: int,
+                  rl) -> tuple:
+    """(kept rows, their episodes, their scores, sampling metrics) of one step's dynamic sampling, from
+    its (row, episodes, scores) groups with a signal in stream order, every score it saw, the groups
+    it dropped, its extra rounds and the refill's seconds. No group with a signal stops the run."""
+    if not kept:
+        raise StageError(f"step {step + 1}: every group of {len(seen) // rl.n_samples} questions had equal answer "
+                         f"scores (all right or all wrong) after {rounds} extra sampling rounds "
+                         f"(algorithm.rl.dynamic_sampling={rl.dynamic_sampling}): nothing to train on; allow "
+                         f"more rounds, or start from a policy whose samples disagree")
+    kept = kept[:rl.questions_per_step]
+    return ([r for r, _, _ in kept], [e for _, eps, _ in kept for e in eps], [s for _, _, sc in kept for s in sc],
+            {"accuracy": batch_accuracy(seen), "train/dropped_groups": dropped, "train/sampling_rounds": rounds + 1,
+             "train/kept_groups": len(kept), "time/rollout_refill": refill})
 
 
 def pipelined_rollouts(trainer, rows: list[dict], first: int, variants=()) -> tuple:
@@ -73,10 +82,5 @@ def pipelined_rollouts(trainer, rows: list[dict], first: int, variants=()) -> tu
             kept.append((slots[g][2], episodes[g * n:(g + 1) * n], scored))
         else:
             dropped += 1
-    rounds = max(r for r, _, _ in slots)
-    if not kept:
-        raise no_signal(step, len(seen) // n, rounds, rl.dynamic_sampling)
-    kept = kept[:rl.questions_per_step]
-    return ([r for r, _, _ in kept], [e for _, eps, _ in kept for e in eps], [s for _, _, sc in kept for s in sc],
-            {"accuracy": batch_accuracy(seen), "train/dropped_groups": dropped, "train/sampling_rounds": rounds + 1,
-             "train/kept_groups": len(kept), "time/rollout_refill": done - refill_start[0] if refill_start else 0.0})
+    refill = done - refill_start[0] if refill_start else 0.0
+    return sampled_batch(kept, seen, dropped, max(r for r, _, _ in slots), refill, step, rl)
