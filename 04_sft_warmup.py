@@ -59,9 +59,10 @@ def main(argv=None) -> int:
                               Codec(tok, cfg.model.templates), out, run_retriever(cfg, run)) if world.main else None
         torch.manual_seed(cfg.seed)  # LoRA init draws from torch's RNG
         model = load_policy(base, cfg.model.lora, cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code,
-                            device=cfg.model.device)
+                            device=cfg.model.device, checkpointing=cfg.model.memory.activation_checkpointing)
         loop = SftLoop(model, examples, cfg.warmup, cfg.seed, tok.pad_token_id, out,
-                       validator and (lambda d, s: validator(model, d, s)), run.data["config_sha256"], world)
+                       validator and (lambda d, s: validator(model, d, s)), run.data["config_sha256"], world,
+                       cfg.model.memory)
         resumed = loop.try_resume()
         if resumed and world.main:
             print(f"{STAGE}: resuming from step {loop.state.step}")

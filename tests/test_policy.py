@@ -7,7 +7,7 @@ import torch
 
 from utils.core.schema import LoraConfig
 from utils.core.tensors import pad
-from utils.train.policy import _logprobs, forward_logprobs, length_chunks, load_policy
+from utils.train.policy import forward_logprobs, logits_logprobs, length_chunks, load_policy
 
 
 def test_length_chunks_partition_and_optimum():
@@ -50,8 +50,8 @@ def test_chunked_forward_matches_one_pass(base_dir, temperature):
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
         return logp.detach() * mask, ent.detach() * mask, grads
 
-    one = run(_logprobs)
-    chunked = run(lambda m, i, a, e, t: forward_logprobs(m, i, a, with_entropy=e, temperature=t))
+    one = run(logits_logprobs)
+    chunked = run(lambda m, i, a, e, t: forward_logprobs(m, i, a, with_entropy=e, temperature=t, entropy_grad=True))
     assert len(length_chunks(attn.sum(1).tolist())) > 1  # the batch really is split
     torch.testing.assert_close(chunked[0], one[0], atol=1e-5, rtol=1e-5)  # fp32 rounding
     torch.testing.assert_close(chunked[1], one[1], atol=1e-5, rtol=1e-5)
@@ -81,8 +81,7 @@ def test_one_pass_update_needs_no_separate_old_logprobs(base_dir):
 
     def loss_and_grads(old_lp):
         model.zero_grad()
-        terms = red_grpo_loss(model, batch, old_lp, None, alg, RedState(), 0.5)
-        terms.loss.backward()
+        terms = red_grpo_loss(model, batch, old_lp, None, alg, RedState(), 0.5)  # runs the backward
         return terms, {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
 
     with torch.no_grad():

@@ -267,15 +267,15 @@ def test_sft_skips_non_finite_steps_and_stops_after_k_in_a_row(base_dir, tmp_pat
     rows = [{"id": r["id"], "question": r["question"], "answers": [str(r["answer"])], "meta": {"steps": r["steps"]}}
             for r in generate_rows(DataConfig(n_train=40, n_val=0, n_test=0))["train"]]
     examples = gold_examples(rows, Codec(tok, TemplatesConfig()))
-    real, calls = st.sft_loss, {"n": 0}
+    real, calls = st.sft_backward, {"n": 0}
 
-    def faulty(model, batch, pad_id):  # step 2: NaN loss; step 3: inf gradient
+    def faulty(model, *args, **kwargs):  # step 2: NaN loss; step 3: inf gradient
         calls["n"] += 1
-        loss = real(model, batch, pad_id)
-        if calls["n"] == 3:
-            loss = loss + next(p for p in model.parameters() if p.requires_grad).sum() * float("inf")
-        return loss * float("nan") if calls["n"] == 2 else loss
-    monkeypatch.setattr(st, "sft_loss", faulty)
+        loss, ent = real(model, *args, **kwargs)
+        if calls["n"] == 3:  # one more backward, into the accumulated gradient
+            (next(p for p in model.parameters() if p.requires_grad).sum() * float("inf")).backward()
+        return (loss * float("nan") if calls["n"] == 2 else loss), ent
+    monkeypatch.setattr(st, "sft_backward", faulty)
 
     def loop(out, steps, k):
         model = load_policy(base_dir, LoraConfig())

@@ -36,7 +36,9 @@ def test_the_merged_floor_computes_the_lora_models_loss_and_trains_only_the_embe
     assert mod.fwd_bwd(floor, batch, 0) > 0 and floor.get_input_embeddings().weight.grad is None  # dropped after
 
 
-def test_the_timed_steps_take_the_recorded_batches_in_order(base_dir, tmp_path):
+def test_the_timed_steps_take_the_recorded_batches_in_order(base_dir, tmp_path, monkeypatch):
+    import utils.train.sft_trainer as st
+
     mod = _profile_module()
     model = random_lora(base_dir)
     loop = SftLoop(model, random_examples(10, seed=1), WarmupConfig(steps=8, batch_size=4), 3, 0, tmp_path, None, "x")
@@ -45,8 +47,8 @@ def test_the_timed_steps_take_the_recorded_batches_in_order(base_dir, tmp_path):
     fresh = SftLoop(model, random_examples(10, seed=1), WarmupConfig(steps=8, batch_size=4), 3, 0, tmp_path, None, "x")
     assert [[e.qid for e in fresh._next_batch()] for _ in range(5)] == [[e.qid for e in b] for b in batches]
     stepped = []
-    real_loss = loop._loss
-    loop._loss = lambda b: (stepped.append([e.qid for e in b]), real_loss(b))[1]
+    real_batch = st.sft_batch  # what the real step pads: the examples it took
+    monkeypatch.setattr(st, "sft_batch", lambda b, *a: (stepped.append([e.qid for e in b]), real_batch(b, *a))[1])
     taken = []
     original = mod.fwd_bwd
     mod.fwd_bwd = lambda m, b, pad: taken.append([e.qid for e in b]) or 0.0

@@ -35,6 +35,22 @@ class LoraConfig:
 
 
 @dataclass
+class MemoryConfig:
+    micro_batch_tokens: int = field(16384, "Token budget per forward and backward: a batch's sequences, longest "
+                                           "first, in micro-batches of at most this many tokens, a backward after "
+                                           "each, one optimizer step per batch, every normaliser the whole "
+                                           "batch's (utils/train/micro.py). 0 = the whole batch in one.", minimum=0)
+    logits_chunk_mib: float = field(512.0, "The LM head runs over chunks of positions whose fp32 logits take at "
+                                           "most this many MiB, recomputed in the backward, so no [positions, "
+                                           "vocabulary] tensor outlives one chunk (utils/train/head.py). 0 = "
+                                           "one chunk.", minimum=0.0)
+    activation_checkpointing: bool = field(False, "Recompute each decoder layer's activations in the backward "
+                                                  "instead of keeping them (transformers' gradient "
+                                                  "checkpointing, non-reentrant): less memory per token, about "
+                                                  "a third more compute.")
+
+
+@dataclass
 class EngineConfig:
     name: str = field("vllm", "Sampling engine.", ENGINE_NAMES)
     dtype: str = field("float32", "Engine dtype. fp32 makes vLLM and the trainer agree to ~1e-6 on CPU.", DTYPES)
@@ -100,6 +116,9 @@ class ModelConfig:
     trust_remote_code: bool = field(False, "Let transformers and vLLM run Python code shipped in the model's "
                                            "directory (auto_map). Off: such a model is refused.")
     lora: LoraConfig = field(LoraConfig(), "LoRA settings.")
+    memory: MemoryConfig = field(MemoryConfig(), "The trainers' memory: micro-batches, LM-head chunks, "
+                                                 "activation checkpointing (docs/ARCHITECTURE.md, \"Memory of "
+                                                 "the update\").")
     engine: EngineConfig = field(EngineConfig(), "Sampling-engine settings.")
     templates: TemplatesConfig = field(TemplatesConfig(), "Prompt templates; the tag protocol is the same everywhere.")
 

@@ -11,9 +11,12 @@ checkpoint; `rl.max_skips_in_a_row` skips in a row stop the run with an error na
 
 Under data parallelism (utils/train/world.py) each rank rolls out its contiguous block of the step's
 questions on its own engine, so a question's samples (its GRPO group) never straddle ranks and each
-episode is seeded as in one process. Each rank's loss is normalised over its own sequences and the
-gradients are averaged over ranks, as DDP does; batch accuracy (RED's w_acc), the logged metrics
-and the entropies RED's state follows are the whole step's, so every rank keeps the same state.
+episode is seeded as in one process. Every normaliser of the loss is counted over all ranks' sequences
+before the update (utils/train/grpo.py `batch_norms`), each rank's loss is its share of the whole
+batch's and the gradients are summed over ranks, so the step is the one-process step whatever each
+rank holds; batch accuracy (RED's w_acc), the logged metrics and the entropies RED's state follows
+are the whole step's, so every rank keeps the same state. The update runs in micro-batches of
+`model.memory.micro_batch_tokens` (utils/train/micro.py).
 Rank 0 alone writes logs, episodes and checkpoints (with every rank's RNG state).
 """
 from __future__ import annotations
@@ -32,12 +35,13 @@ from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint,
 from utils.core.stages import StageError
 from utils.core.stream import Cursor, rl_question_key, take
 from utils.reward.spec import score_episodes
-from utils.train.guard import SkipStreak, guarded_step, zero_loss
+from utils.train.guard import SkipStreak, finish_step
+from utils.train.micro import Tally
 from utils.train.refill import has_signal, pipelined_rollouts, sampled_batch
-from utils.train.grpo import (batch_accuracy, build_rl_batch, group_advantages, minibatch_rows, red_grpo_loss,
-                              sft_parts, take_rows, zero_variance_fraction)
-from utils.train.policy import (dropout_active, forward_logprobs, policy_device, reference_logprobs, sft_batch,
-                                sft_terms)
+from utils.train.grpo import (batch_accuracy, build_rl_batch, group_advantages, idle_share, minibatch_rows,
+                              red_grpo_loss, sft_parts, take_rows, zero_variance_fraction)
+from utils.train.policy import (batch_logprobs, dropout_active, policy_device, reference_logprobs, sft_backward,
+                                sft_batch)
 from utils.train.questions import rl_strata
 from utils.train.red import RedState, red_update
 from utils.train.variants import StepData, active_variants
@@ -144,26 +148,28 @@ class GrpoTrainer:
             group["lr"] = lr
         return lr
 
-    def _optimize(self, loss: torch.Tensor) -> tuple[int, float]:
-        """One guarded step; with several ranks on the mean of their losses (gradients summed / N)."""
-        if self.world.size > 1:
-            loss = loss / self.world.size
-        return guarded_step(self.opt, self.model, loss, self.alg.rl.max_grad_norm, self.world)
+    def _finish(self, loss: torch.Tensor) -> tuple[int, float]:
+        """One finiteness decision, clip and step after the batch's backwards (`loss`: this rank's share)."""
+        return finish_step(self.opt, self.model, loss, self.alg.rl.max_grad_norm, self.world)
 
     def sft_only_step(self) -> dict:
-        """Method `sft`: the same optimizer on α·L_SFT alone, no rollouts (the no-RL ablation)."""
+        """Method `sft`: the same optimizer on α·L_SFT alone, no rollouts (the no-RL ablation); the token
+        mean is over every rank's shard."""
         t0 = time.time()
         shard = self._sft_examples()
-        if not shard:  # fewer examples than ranks
-            skipped, _ = self._optimize(zero_loss(self.model))
-            stats = {}
-        else:
-            l_sft, h_sft = sft_terms(self.model, sft_batch(shard, self.pad_id, self.device), with_entropy=True)
-            loss = self.alg.sft.loss_coef * l_sft
-            skipped, _ = self._optimize(loss)
-            stats = {"actor/sft_loss": round(loss.item() / max(self.alg.sft.loss_coef, 1e-12), 6),
-                     "actor/sft_entropy": round(h_sft.item(), 6)}
-        stats = self.world.mean(stats)
+        batch = sft_batch(shard, self.pad_id, self.device) if shard else None
+        local = batch[2].sum() if batch is not None else torch.zeros((), device=self.device)
+        total = self.world.sum(local.clone()).clamp(min=1)
+        self.opt.zero_grad(set_to_none=True)
+        tally = Tally()
+        loss = torch.zeros((), device=self.device)
+        if batch is not None:  # a rank with fewer examples than ranks joins the step with nothing
+            coef = self.alg.sft.loss_coef
+            loss, h_sft = sft_backward(self.model, batch, total, self.cfg.model.memory, coef, with_entropy=True)
+            tally.add("actor/sft_loss", loss.item() / max(coef, 1e-12))
+            tally.add("actor/sft_entropy", h_sft.item())
+        skipped, _ = self._finish(loss)
+        stats = {k: round(v, 6) for k, v in tally.result(self.world).items()}
         self.state.step += 1
         timings = {"time/update": time.time() - t0, "time/weight_sync": self.sync_policy()}
         return {"step": self.state.step, **stats, "train/skipped_nonfinite": skipped, **timings}
@@ -185,11 +191,11 @@ class GrpoTrainer:
             return None, None
         self.model.eval()
         old_lp = ref_lp = None
+        memory, need = self.cfg.model.memory, batch.mask > 0
         if need_old:
-            with torch.no_grad():
-                old_lp, _ = forward_logprobs(self.model, batch.ids, batch.attn, temperature=rl.temperature)
+            old_lp = batch_logprobs(self.model, batch.ids, batch.attn, need, rl.temperature, memory)
         if need_ref:
-            ref_lp = reference_logprobs(self.model, batch.ids, batch.attn, rl.temperature)
+            ref_lp = reference_logprobs(self.model, batch.ids, batch.attn, rl.temperature, need, memory)
         self.model.train()
         return old_lp, ref_lp
 
@@ -212,24 +218,24 @@ class GrpoTrainer:
                 break
             done = []  # this pass's stats, one dict per optimizer step
             for k in range(parts):
-                if batch is None or (rows is not None and not len(rows[k])):  # join the step with zeros
-                    skipped, grad = self._optimize(zero_loss(self.model))
-                    step_stats = {}
+                self.opt.zero_grad(set_to_none=True)
+                if batch is None or (rows is not None and not len(rows[k])):  # join the step with nothing
+                    terms = idle_share(self.world)
                 else:
                     part = (batch, old_lp, ref_lp) if rows is None else take_rows(batch, rows[k], old_lp, ref_lp)
                     terms = red_grpo_loss(self.model, *part[:2], sfts[k], self.alg, red, accuracy, part[2],
-                                          self.state.red_paper)
-                    step_stats, old_lp = terms.stats, terms.logp if old_lp is None else old_lp
-                    skipped, grad = self._optimize(terms.loss)
+                                          self.state.red_paper, self.world, self.cfg.model.memory)
+                    old_lp = terms.logp if old_lp is None else old_lp
+                step_stats = terms.stats
+                skipped, grad = self._finish(terms.loss)
                 if not skipped:
                     step_stats["actor/grad_norm"] = grad
                 done.append(step_stats)
                 if skipped:
                     break
-            stats = done[0] if len(done) == 1 else _mean_stats(done)
+            stats = done[0] if len(done) == 1 else _mean_stats(done)  # each the whole batch's, every rank's
             if skipped:
                 break
-        stats = self.world.mean(stats)  # the whole step's: every rank's RED state follows the same values
         if sft is not None and "actor/sft_entropy" in stats and not skipped:
             red = red_update(red, stats["actor/sft_entropy"], stats["actor/rl_entropy"],
                              self.alg.red.sft_entropy_ema_decay, self.alg.red.rl_entropy_ema_decay)

@@ -17,6 +17,20 @@ def guarded_step(opt, model, loss: torch.Tensor, max_grad_norm: float, world: Wo
     if not torch.isfinite(world.sum(loss.detach().clone())):
         return 1, float("nan")
     loss.backward()
+    return _clip_and_step(opt, model, max_grad_norm, world)
+
+
+def finish_step(opt, model, loss: torch.Tensor, max_grad_norm: float, world: World = SOLO) -> tuple[int, float]:
+    """The same step after a batch's micro-batch backwards have filled the gradients (utils/train/micro.py):
+    `loss` is this rank's share of the batch's loss, detached; a non-finite sum over ranks discards
+    the gradients and leaves the weights and the optimizer untouched."""
+    if not torch.isfinite(world.sum(loss.detach().clone())):
+        opt.zero_grad(set_to_none=True)
+        return 1, float("nan")
+    return _clip_and_step(opt, model, max_grad_norm, world)
+
+
+def _clip_and_step(opt, model, max_grad_norm: float, world: World) -> tuple[int, float]:
     params = [p for p in model.parameters() if p.requires_grad]
     world.sum_grads(params)
     grad = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)

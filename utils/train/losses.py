@@ -100,10 +100,17 @@ ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {"group": adv_group, "batch
 class Agg:
     """A loss aggregation: its registered name, plus what the seq-mean modes need. `episode` [B]:
     the episode each row belongs to (None: every row is its own), so that an episode counts once
-    however many executor calls it made; `horizon`: seq-mean-token-sum-norm's constant divisor."""
+    however many executor calls it made; `horizon`: seq-mean-token-sum-norm's constant divisor.
+
+    A micro-batch's share of a whole batch's aggregation (utils/train/micro.py) carries the batch's
+    normalisers instead: `total`, token-mean's token count over the whole batch, or `row_weight` [B],
+    each row's weight in a seq-mean mode (1 / (its episode's tokens · live episodes), or 1 / (horizon ·
+    live episodes)); the shares of all micro-batches sum to the whole batch's value."""
     name: str
     episode: torch.Tensor | None = None
     horizon: float | None = None
+    total: torch.Tensor | None = None
+    row_weight: torch.Tensor | None = None
 
 
 def _per_episode(x: torch.Tensor, mask: torch.Tensor, episode: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,6 +166,11 @@ def advantages(name: str, rewards: torch.Tensor, group_size: int) -> torch.Tenso
 def aggregate(agg: "str | Agg", x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """`agg` by name (every row its own episode, no horizon) or as an `Agg`."""
     agg = Agg(agg) if isinstance(agg, str) else agg
+    get(AGGREGATIONS, agg.name, "loss aggregation")
+    if agg.total is not None:  # token-mean's share: this piece's token sum over the whole batch's count
+        return (x * mask).sum() / agg.total
+    if agg.row_weight is not None:  # a seq-mean mode's share
+        return ((x * mask).sum(-1) * agg.row_weight).sum()
     return get(AGGREGATIONS, agg.name, "loss aggregation")(x, mask, agg.episode, agg.horizon)
 
 # ---------------------------------------------------------------- policy loss, KL, entropy, SFT

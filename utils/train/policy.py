@@ -16,18 +16,24 @@ from utils.core.models import load_causal_lm
 from utils.core.schema import LoraConfig
 from utils.core.tensors import pad
 from utils.agent.episode import Example
+from utils.train.head import head_logprobs
 from utils.train.lora_fast import install_fast_lora
-from utils.train.losses import aggregate, gather_logprobs, sft_cross_entropy, token_entropy
+from utils.train.losses import Agg, aggregate, gather_logprobs, sft_cross_entropy, token_entropy
 
 
 def load_policy(base_path: Path, lora: LoraConfig, dtype: str = "float32", adapter: Path | None = None,
-                trainable: bool = True, trust_remote_code: bool = False, device: str = "cpu"):
+                trainable: bool = True, trust_remote_code: bool = False, device: str = "cpu",
+                checkpointing: bool = False):
     """The base model wrapped with a (new or loaded) LoRA adapter, or the bare model for full FT,
-    on `device` (model.device; the trainers put their batches where its parameters are)."""
+    on `device` (model.device; the trainers put their batches where its parameters are); with
+    `checkpointing`, each decoder layer's activations are recomputed in the backward
+    (model.memory.activation_checkpointing)."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import PeftModel, get_peft_model
 
     model = load_causal_lm(base_path, dtype, trust_remote_code)
+    if checkpointing:
+        enable_checkpointing(model)
     if lora.full_finetune:
         return model.to(device)
     if adapter is not None:
@@ -38,6 +44,18 @@ def load_policy(base_path: Path, lora: LoraConfig, dtype: str = "float32", adapt
         policy = get_peft_model(model, cfg)
     install_fast_lora(policy, lora.forward)  # fewer passes than peft's forward (utils/train/lora_fast.py)
     return policy.to(device)
+
+
+def enable_checkpointing(model) -> None:
+    """Transformers' gradient checkpointing of every decoder layer, non-reentrant (it preserves the RNG
+    state, so LoRA dropout draws the same masks when it recomputes), with the embeddings' output
+    asking for a gradient so that a frozen base still passes one to the adapters (peft's recipe)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"model.memory.activation_checkpointing: {type(model).__name__} does not support "
+                          "gradient checkpointing")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.enable_input_require_grads()
+    model.config.use_cache = False
 
 
 def policy_device(model):
@@ -81,13 +99,29 @@ def dropout_active(model) -> bool:
     return any("dropout" in k and isinstance(v, (int, float)) and v > 0 for k, v in rates.items())
 
 
-def reference_logprobs(model, ids, attn, temperature: float = 1.0):
-    """Log-probs [S, T-1] of `ids` under the frozen reference adapter (no gradient)."""
+def reference_logprobs(model, ids, attn, temperature: float = 1.0, need=None, memory=None):
+    """Log-probs [S, T-1] of `ids` under the frozen reference adapter (no gradient), at `need`."""
+    with _serving(model, REFERENCE):
+        return batch_logprobs(model, ids, attn, need, temperature, memory)
+
+
+def batch_logprobs(model, ids, attn, need=None, temperature: float = 1.0, memory=None):
+    """No-grad log-probs [S, T-1] of a whole right-padded batch at `need` (None: every real position; 0
+    elsewhere), a micro-batch of `memory.micro_batch_tokens` at a time (None: the schema's)."""
     import torch
 
-    with torch.no_grad(), _serving(model, REFERENCE):
-        logp, _ = forward_logprobs(model, ids, attn, temperature=temperature)
-    return logp
+    from utils.core.schema import MemoryConfig
+    from utils.train.micro import cut_rows, micro_batches
+
+    memory = memory or MemoryConfig()
+    need = attn[:, 1:] > 0 if need is None else need
+    out = torch.zeros(need.shape, device=ids.device)
+    with torch.no_grad():
+        for rows in micro_batches(attn.sum(1).tolist(), memory.micro_batch_tokens):
+            i, a, nd = (ids, attn, need) if len(rows) == len(ids) else cut_rows(rows, ids, attn, need)
+            logp, _ = forward_logprobs(model, i, a, temperature=temperature, need=nd, chunk_mib=memory.logits_chunk_mib)
+            out[rows, :logp.shape[1]] = logp
+    return out
 
 
 PASS_COST_TOKENS = 256  # a forward pass's fixed cost, in padded tokens (benchmarks/step_profile.py)
@@ -117,38 +151,50 @@ def length_chunks(lengths: list[int], pass_cost: int = PASS_COST_TOKENS) -> list
     return runs[::-1]
 
 
-def _logprobs(model, ids, attn, with_entropy: bool, temperature: float):
+def logits_logprobs(model, ids, attn, with_entropy: bool, temperature: float):
+    """The same values as `forward_logprobs` from the model's own `logits` ([S, T, V], all kept):
+    the reference tests/test_micro.py checks the chunked LM head against; never trained on."""
     logits = model(input_ids=ids, attention_mask=attn).logits
     logp = gather_logprobs(logits if temperature == 1.0 else logits / temperature, ids)
     return logp, (token_entropy(logits[:, :-1]) if with_entropy else None)
 
 
-def forward_logprobs(model, ids, attn, with_entropy: bool = False, temperature: float = 1.0):
+def forward_logprobs(model, ids, attn, with_entropy: bool = False, temperature: float = 1.0, need=None,
+                     entropy_grad: bool = False, chunk_mib: float = 512.0):
     """Next-token log-probs [S, T-1] of `ids` under `model` at the sampling `temperature` (logits / T:
     the distribution the sampler drew from), and optionally the entropies [S, T-1] of the untempered
-    distribution (the one estimator RED compares on RL and SFT tokens).
+    distribution (the one estimator RED compares on RL and SFT tokens), without a gradient unless
+    `entropy_grad`. Only the positions `need` [S, T-1] marks are computed (None: every real one),
+    the rest hold 0; the LM head runs in chunks of `chunk_mib` MiB of fp32 logits
+    (utils/train/head.py).
 
     A right-padded batch runs in `length_chunks` passes, each trimmed to its own longest sequence;
     a causal model's values at real positions do not depend on the padding after them, so only
-    fp32 rounding differs from one pass over the whole batch. Values at padding positions are
-    meaningless (0 or computed on padding); every consumer masks them. A batch with other padding
-    runs in one pass.
+    fp32 rounding differs from one pass over the whole batch. A batch with other padding runs in
+    one pass.
     """
     import torch
     import torch.nn.functional as F
 
+    entropy = ("grad" if entropy_grad else "value") if with_entropy else "none"
     lengths = attn.sum(dim=1)
     width = ids.shape[1]
+    if need is None:
+        need = attn[:, 1:] > 0
+
+    def one(i, a, nd):
+        return head_logprobs(model, i, a, nd, temperature, entropy, chunk_mib)
+
     if not bool((attn == (torch.arange(width, device=attn.device) < lengths[:, None])).all()):
-        return _logprobs(model, ids, attn, with_entropy, temperature)
+        return one(ids, attn, need)
     runs = length_chunks(lengths.tolist())
     if len(runs) == 1 and int(lengths.max()) == width:
-        return _logprobs(model, ids, attn, with_entropy, temperature)
+        return one(ids, attn, need)
     logps, ents, order = [], [], []
     for run in runs:
         idx = torch.tensor(run, device=ids.device)
         w = int(lengths[run[0]])
-        logp, ent = _logprobs(model, ids[idx, :w], attn[idx, :w], with_entropy, temperature)
+        logp, ent = one(ids[idx, :w], attn[idx, :w], need[idx, :w - 1])
         logps.append(F.pad(logp, (0, width - w)))
         if with_entropy:
             ents.append(F.pad(ent, (0, width - w)))
@@ -167,12 +213,38 @@ def sft_batch(examples: list[Example], pad_id: int, device="cpu"):
     return ids.to(device), attn.to(device), mask[:, 1:].to(device)
 
 
-def sft_terms(model, batch, with_entropy: bool = False):
+def sft_terms(model, batch, with_entropy: bool = False, total=None, chunk_mib: float = 512.0):
     """(token-mean cross-entropy of an `sft_batch`'s masked tokens under `model`, and their token-mean
-    entropy if asked, else None): scalars."""
+    entropy if asked, else None): scalars. With `total`, the whole batch's target-token count, both
+    are this piece's shares of the whole batch's means (a micro-batch's, utils/train/micro.py)."""
     ids, attn, mask = batch
-    logp, ent = forward_logprobs(model, ids, attn, with_entropy=with_entropy)
-    return sft_cross_entropy(logp, mask), (aggregate("token-mean", ent, mask) if with_entropy else None)
+    logp, ent = forward_logprobs(model, ids, attn, with_entropy=with_entropy, need=mask > 0, chunk_mib=chunk_mib)
+    if total is None:
+        return sft_cross_entropy(logp, mask), (aggregate("token-mean", ent, mask) if with_entropy else None)
+    agg = Agg("token-mean", total=total)
+    return aggregate(agg, -logp, mask), (aggregate(agg, ent, mask) if with_entropy else None)
+
+
+def sft_backward(model, batch, total, memory, scale: float = 1.0, with_entropy: bool = False) -> tuple:
+    """Backward of scale · the token-mean NLL of an `sft_batch` whose whole batch (every rank's shard)
+    has `total` target tokens, in micro-batches of `memory.micro_batch_tokens` (utils/train/micro.py):
+    (this shard's share of the loss, detached; of the entropy, or None). The gradients accumulate."""
+    import torch
+
+    from utils.train.micro import cut_rows, micro_batches
+
+    ids, attn, mask = batch
+    loss_sum, ent_sum = torch.zeros((), device=ids.device), torch.zeros((), device=ids.device)
+    for rows in micro_batches(attn.sum(1).tolist(), memory.micro_batch_tokens):
+        piece = batch if len(rows) == len(ids) else cut_rows(rows, ids, attn, mask)
+        nll, ent = sft_terms(model, piece, with_entropy, total, memory.logits_chunk_mib)
+        loss = nll if scale == 1.0 else scale * nll
+        if loss.requires_grad:  # a piece without a target token has nothing to give
+            loss.backward()
+        loss_sum = loss_sum + loss.detach()
+        if with_entropy:
+            ent_sum = ent_sum + ent
+    return loss_sum, (ent_sum if with_entropy else None)
 
 
 def sft_loss(model, examples: list[Example], pad_id: int):

@@ -90,7 +90,7 @@ def build_trainer(cfg, adapter: Path, traces: Path, train_path: Path, spec_path:
     tok = load_tokenizer(base, remote)
     torch.manual_seed(cfg.seed)  # LoRA init draws from torch's RNG
     model = load_policy(base, cfg.model.lora, cfg.model.dtype, adapter=adapter, trust_remote_code=remote,
-                        device=cfg.model.device)
+                        device=cfg.model.device, checkpointing=cfg.model.memory.activation_checkpointing)
     if cfg.algorithm.rl.kl_coef > 0:
         add_reference(model, adapter)  # the KL reference is where RL starts: the SFT warmup adapter
     engine = make_engine(cfg.model.engine.name, base, cfg.model.engine, cfg.seed, remote)

@@ -7,7 +7,8 @@ resumed run sees exactly the batches an uninterrupted one would: no step is lost
 and on CPU its losses match. `logs/train.jsonl` is rewritten up to the resumed step first.
 Under data parallelism (utils/train/world.py) every rank takes the same global batch and trains on
 its shard; the loss is the shard's summed NLL over the global batch's target-token count, so the
-summed gradients are the global batch's token mean. Rank 0 alone logs, validates and saves; the
+summed gradients are the global batch's token mean. Each shard runs in micro-batches of
+`model.memory.micro_batch_tokens`, a backward after each and one optimizer step per batch. Rank 0 alone logs, validates and saves; the
 checkpoint holds every rank's RNG state, and every rank resumes from it.
 With `patience` P, the loop stops after the P-th validation in a row that did not beat the best
 (every rank stops: rank 0's verdict is summed over the ranks); a resumed run that had stopped stays
@@ -25,11 +26,11 @@ from typing import Callable
 from utils.agent.episode import Example
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
 from utils.core.faults import fault_point
-from utils.core.schema import WarmupConfig
+from utils.core.schema import MemoryConfig, WarmupConfig
 from utils.core.stream import Cursor, take
 from utils.core.tracking import MetricsLogger, NullLogger
-from utils.train.guard import SkipStreak, guarded_step, zero_loss
-from utils.train.policy import forward_logprobs, policy_device, sft_batch, sft_loss
+from utils.train.guard import SkipStreak, finish_step
+from utils.train.policy import policy_device, sft_backward, sft_batch
 from utils.train.schedule import warmup_cosine
 from utils.train.world import SOLO, World
 
@@ -53,12 +54,13 @@ class LoopState:
 
 class SftLoop:
     def __init__(self, model, examples: list[Example], cfg: WarmupConfig, seed: int, pad_id: int, out_dir: Path,
-                 validate: Callable[[Path, int], dict] | None, config_sha: str, world: World = SOLO):
+                 validate: Callable[[Path, int], dict] | None, config_sha: str, world: World = SOLO,
+                 memory: MemoryConfig = MemoryConfig()):
         import torch
 
         self.torch, self.model, self.examples, self.cfg = torch, model, examples, cfg
         self.seed, self.pad_id, self.out, self.validate, self.config_sha = seed, pad_id, out_dir, validate, config_sha
-        self.world = world
+        self.world, self.memory = world, memory
         params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg))
@@ -113,27 +115,24 @@ class SftLoop:
             spent = self.world.sum(self.torch.tensor([float(spent and self.world.main)])).item() > 0
         return spent
 
-    def _loss(self, batch: list[Example]):
-        """(this rank's loss, the global batch's loss): the token-mean NLL in one process; with
-        several ranks, the shard's summed NLL over the whole batch's target tokens, and its sum."""
-        if self.world.size == 1:
-            loss = sft_loss(self.model, batch, self.pad_id)
-            return loss, loss.item()
-        tokens = sum(sum(e.mask[1:]) for e in batch)
-        shard = self.world.shard(batch, length=lambda e: len(e.ids))
-        if shard:
-            ids, attn, mask = sft_batch(shard, self.pad_id, policy_device(self.model))
-            loss = (-forward_logprobs(self.model, ids, attn)[0] * mask).sum() / max(tokens, 1)
-        else:  # fewer examples than ranks
-            loss = zero_loss(self.model)
-        return loss, self.world.sum(loss.detach().clone()).item()
-
     def _update(self) -> tuple[float, float, int]:
-        """One optimizer step on the next batch: (loss, grad norm, 1 if skipped as non-finite)."""
-        loss, total = self._loss(self._next_batch())
+        """One optimizer step on the next batch: (loss, grad norm, 1 if skipped as non-finite). The loss
+        is the token-mean NLL over the whole batch's target tokens; with several ranks each trains its
+        shard (its summed NLL over that count) and the gradients are summed, in micro-batches of
+        `model.memory.micro_batch_tokens` either way (utils/train/micro.py)."""
+        torch = self.torch
+        batch = self._next_batch()
+        device = policy_device(self.model)
+        total = torch.tensor(float(max(sum(sum(e.mask[1:]) for e in batch), 1)), device=device)
+        shard = self.world.shard(batch, length=lambda e: len(e.ids))
+        self.opt.zero_grad(set_to_none=True)
+        loss = torch.zeros((), device=device)
+        if shard:  # a rank with fewer examples than ranks joins the step with nothing
+            loss, _ = sft_backward(self.model, sft_batch(shard, self.pad_id, device), total, self.memory)
         fault_point("sft_step")  # the kill-anywhere test's cut (utils/core/faults.py)
-        skipped, grad = guarded_step(self.opt, self.model, loss, self.cfg.max_grad_norm, self.world)
-        return total, grad, skipped
+        whole = self.world.sum(loss.detach().clone()).item() if self.world.size > 1 else loss.item()
+        skipped, grad = finish_step(self.opt, self.model, loss, self.cfg.max_grad_norm, self.world)
+        return whole, grad, skipped
 
     def run(self, progress=None) -> LoopState:
         streak = SkipStreak(self.cfg.max_skips_in_a_row, "SFT steps", "loss or gradient", "warmup.max_skips_in_a_row")
