@@ -1,10 +1,11 @@
-"""The GPU check: the embedded default's CUDA path and the seed's shapes, measured in one prepared run.
+"""The GPU check: the embedded default's CUDA path and the seed's shapes, measured in one prepared run:
+
+    timeout 500 python3 benchmarks/gpu_check.py --out /tmp/gc --budget 300; cp /tmp/gc/gpu_check.* "$OUT"
 
 On the GPU machine, from the repository root, with that machine's own python3 (it has torch,
 transformers, peft, accelerate, safetensors, tokenizers, pyyaml, pandas, matplotlib, tqdm and
-psutil; no vLLM, wandb or ray, and none is needed), with a limit that leaves room for a rerun:
-
-    timeout 500 python3 benchmarks/gpu_check.py --out /tmp/gc --budget 300; cp /tmp/gc/gpu_check.* "$OUT"
+psutil; no vLLM, wandb or ray, and none is needed), with a limit that leaves room for a rerun
+(`--shapes_first --dtypes bfloat16` puts the seed shapes first when time is short).
 
 Nothing has to travel beside the working tree: no wheels (the image's versions are used and
 recorded), no weights (the base model ships in artifacts/tiny-arith, the task's data is generated,
@@ -28,12 +29,15 @@ It writes <out>/gpu_check.json after every part and <out>/gpu_check.txt at the e
 3. `seed_shape.<model>` (benchmarks/gpu_shapes.py): a randomly initialised model of Qwen2.5-0.5B's
    shape (dims in SHAPES; LoRA and token budgets from configs/models/qwen2.5-0.5b.yaml) at the
    seed's RL batch: 32 prompts x 2 samples, 2 planner turns (256 tokens each) around one executor
-   call (384), contexts up to 1,024 tokens. It times the rollout on the hf engine, one RL update
-   (RED-GRPO loss with its SFT term) and one SFT step, with peak memory; an update that does not
-   fit is halved until it does, and each size that ran out of memory is listed; a phase that fails
-   otherwise is named in `failed`, and the figures measured before it are kept. Then Gemma-2-2B's
-   shape if the --budget allows, and in any case an estimate scaled from Qwen's figures by
-   parameter count.
+   call (384): planner conversations of 732 tokens and executor calls of 484, short of the seed's
+   3,072 prompt and 1,024 response tokens. It times the rollout on the hf engine, one RL update
+   through the trainer's own `_fixed_logprobs` and `_update` (the old-log-prob pass, two optimizer
+   passes, the SFT term, in the model config's micro-batches: model.memory) and one 04 SFT step,
+   with peak memory and updated tokens/s, then the update at each --sweep micro-batch budget; an
+   update that does not fit is halved until it does, and each size that ran out of memory is
+   listed; a phase that fails otherwise is named in `failed`, and the figures measured before it
+   are kept. Then Gemma-2-2B's shape if the --budget allows, and in any case an estimate of its
+   seconds scaled from Qwen's by parameter count (seconds only: memory does not scale so).
 """
 import argparse
 import importlib
@@ -210,11 +214,15 @@ def main() -> int:
     ap.add_argument("--dtypes", default="float32,bfloat16", help="the chain's dtypes; 05 is killed in bfloat16's")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="seed shapes to measure, of: " + ", ".join(SHAPES))
     ap.add_argument("--shapes_first", action="store_true", help="measure the seed shapes before the chain")
+    ap.add_argument("--sweep", default=None, help="micro-batch token budgets the seed shapes' update is also timed "
+                                                  "at (default 8192,16384,32768; --quick: 128)")
     ap.add_argument("--limit", type=int, default=100, help="07: the first N test items (0 = all)")
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE, added to every stage of the chain")
     ap.add_argument("--run_stage", help=argparse.SUPPRESS)  # internal: one stage script as a child process
     ap.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.sweep is None:
+        args.sweep = "128" if args.quick else "8192,16384,32768"
     hide(args.hide)
     if args.run_stage:
         sys.argv = [args.run_stage, *args.rest]

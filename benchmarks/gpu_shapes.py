@@ -2,9 +2,16 @@
 models' shapes, timed at the seed's RL batch (see that script's docstring for how to run it).
 
 Nothing is downloaded: the architectures are built from the published dimensions in SHAPES, the
-LoRA settings and token budgets come from configs/models/<name>.yaml, and the tokenizer is the
-tiny one (its ids, below 100, are valid in any vocabulary). The RL update and the SFT step run the
-project's own loss code (utils/train/grpo.py red_grpo_loss, utils/train/policy.py sft_loss).
+LoRA settings, token budgets and memory settings (model.memory: micro-batches, LM-head chunks,
+activation checkpointing) come from configs/models/<name>.yaml, and the tokenizer is the tiny one
+(its ids, below 100, are valid in any vocabulary). The RL update runs through the trainer's own
+methods (utils/train/grpo_trainer.py `_fixed_logprobs`, the no-grad old-log-prob pass, then
+`_update`, in train mode, with LoRA dropout), and the SFT step through 04's (utils/train/sft_trainer.py
+`SftLoop._update`); benchmarks/update_memory.py runs the same harness on the CPU.
+
+The contexts are the model configs' budgets (planner turns of 256 tokens, executor calls of 384):
+planner conversations of 732 tokens and executor calls of 484. They do not reach the seed's 3,072
+prompt and 1,024 response tokens.
 """
 import shutil
 import statistics
@@ -124,61 +131,134 @@ def rl_batch(n: int, lens: dict, budget_p: int, budget_e: int):
     return RlBatch(ids, attn, mask[:, 1:], torch.zeros_like(mask[:, 1:]), adv, [e.role for e in seqs], episode=episode)
 
 
-def _timed_steps(torch, policy, loss_fn, repeats: int = 3) -> float:
-    """Median seconds of the optimizer steps after the first (a warm-up)."""
-    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-5)
+def episode_batch(n: int, planner: tuple, executor: tuple, calls: int):
+    """n episodes of a planner conversation and `calls` executor calls each, pieces given as (length,
+    generated spans), random advantages, no sampler log-probs (the CPU benchmarks' batch)."""
+    import torch
+    from utils.core.tensors import pad
+    from utils.train.grpo import RlBatch
+
+    seqs = _examples(n, *planner, "planner") + _examples(calls * n, *executor, "executor")
+    ids, attn = pad([e.ids for e in seqs], 0, torch.long)
+    mask, _ = pad([e.mask for e in seqs], 0, torch.float)
+    episode = torch.cat([torch.arange(n), torch.arange(n).repeat(calls)])
+    adv = torch.randn(n, generator=torch.Generator().manual_seed(n))[episode]
+    return RlBatch(ids, attn, mask[:, 1:], None, adv, [e.role for e in seqs], episode=episode)
+
+
+def _timed(torch, fn, repeats: int = 3) -> float:
+    """Median seconds of the calls of `fn` after the first (a warm-up)."""
     times = []
     for _ in range(repeats):
         _sync(torch)
         t0 = time.time()
-        opt.zero_grad(set_to_none=True)
-        loss_fn().backward()
-        torch.nn.utils.clip_grad_norm_([p for p in policy.parameters() if p.requires_grad], 1.0)
-        opt.step()
+        fn()
         _sync(torch)
         times.append(time.time() - t0)
     return round(statistics.median(times[1:]), 4)
 
 
-def time_training(policy, cfg, n: int, lens: dict, budget_p: int, budget_e: int, sft_n: int, out: dict) -> None:
-    """One RL update (RED-GRPO loss with its SFT term of algorithm.sft.batch_size conversations, as
-    05's step takes it with ppo_epochs 1) on n episodes, and one SFT step (04's) on sft_n planner
+def memory_overrides(budget: int | None) -> list[str]:
+    """`--set`s of a micro-batch budget where the tree has model.memory (an older tree has none)."""
+    from utils.core import schema
+
+    return [f"model.memory.micro_batch_tokens={budget}"] if budget is not None and hasattr(schema, "MemoryConfig") else []
+
+
+def bare_trainer(cfg, policy, sft_examples: list, out_dir: Path):
+    """The project's GrpoTrainer around `policy`, without an engine or questions: what its update
+    (`_fixed_logprobs`, then `_update`) needs, and nothing the rollout does."""
+    from utils.core.tracking import NullLogger
+    from utils.train.grpo_trainer import GrpoTrainer
+
+    return GrpoTrainer(cfg, policy, None, None, None, [], sft_examples, 0, out_dir, NullLogger(), "bench")
+
+
+def trainer_update(trainer, batch) -> None:
+    """One RL update as 05 takes it: the no-grad old-log-prob (and reference) pass, then the
+    optimizer pass(es) with the SFT term, through the trainer's own methods."""
+    old_lp, ref_lp = trainer._fixed_logprobs(batch)
+    trainer._update(batch, old_lp, 0.5, ref_lp)
+
+
+def sft_loop(cfg, policy, examples: list, out_dir: Path):
+    """04's SftLoop over `examples`, one batch of all of them a step (an older tree's has no memory)."""
+    import inspect
+    from dataclasses import replace
+
+    from utils.train.sft_trainer import SftLoop
+
+    warmup = replace(cfg.warmup, batch_size=len(examples), steps=10 ** 6, eval_every=0)
+    extra = {"memory": cfg.model.memory} if "memory" in inspect.signature(SftLoop).parameters else {}
+    return SftLoop(policy, examples, warmup, cfg.seed, 0, out_dir, None, "bench", **extra)
+
+
+def time_training(policy, cfg, n: int, lens: dict, budget_p: int, budget_e: int, sft_n: int, out: dict,
+                  where: Path) -> None:
+    """One RL update (05's: the old-log-prob pass, ppo_epochs optimizer passes, its SFT term of
+    algorithm.sft.batch_size conversations) on n episodes, and one SFT step (04's) on sft_n planner
     conversations, into `out` as each is measured (a later failure keeps the earlier figures); n
-    halves until the update fits."""
+    halves until the update fits. Micro-batches of the model config's model.memory budget."""
     import torch
-    from utils.train.grpo import red_grpo_loss
-    from utils.train.policy import policy_device, sft_batch, sft_loss
-    from utils.train.red import RedState
+    from utils.train.policy import policy_device
 
     dev = policy_device(policy)
     turns = [(SEED_BATCH["planner_prompt"], budget_p)]
     sft_examples = _examples(sft_n, lens["planner"], turns, "planner")
-    term = sft_examples[:cfg.algorithm.sft.batch_size]
-    out.update(oom_at_episodes=[], update_sft_sequences=len(term))
+    trainer = bare_trainer(cfg, policy, sft_examples, where / "trainer")
+    out.update(oom_at_episodes=[], update_sft_sequences=cfg.algorithm.sft.batch_size,
+               memory={k: getattr(cfg.model.memory, k) for k in ("micro_batch_tokens", "logits_chunk_mib",
+                                                                "activation_checkpointing")})
     while n >= 1:
         try:
             gpu_reset()
             batch = rl_batch(n, lens, budget_p, budget_e).to(dev)
-            sft = sft_batch(term, 0, dev)
-            out["update_s"] = _timed_steps(torch, policy, lambda: red_grpo_loss(
-                policy, batch, None, sft, cfg.algorithm, RedState(), 0.5).loss)
-            out.update(update_episodes=n, update_sequences=2 * n, update_peak_gpu_mb=peak_gpu_mb())
+            out["update_s"] = _timed(torch, lambda: trainer_update(trainer, batch))
+            tokens = int(batch.attn.sum()) * cfg.algorithm.rl.ppo_epochs
+            out.update(update_episodes=n, update_sequences=2 * n, update_peak_gpu_mb=peak_gpu_mb(),
+                       update_tokens_per_s=round(tokens / out["update_s"], 1))
             break
         except torch.OutOfMemoryError:
             out["oom_at_episodes"].append(n)
-            batch = sft = None
+            batch = None
             n //= 2
     gpu_reset()
     out["phase"] = "sft_step"
-    out["sft_step_s"] = _timed_steps(torch, policy, lambda: sft_loss(policy, sft_examples, 0))
+    loop = sft_loop(cfg, policy, sft_examples, where / "sft")
+    out["sft_step_s"] = _timed(torch, loop._update)
     out.update(sft_sequences=sft_n, sft_peak_gpu_mb=peak_gpu_mb())
+
+
+def budget_sweep(policy, cfg, n: int, lens: dict, budget_p: int, budget_e: int, budgets: list[int],
+                 where: Path) -> list[dict]:
+    """The RL update at each micro-batch budget: seconds, peak memory and updated tokens/s."""
+    import torch
+    from dataclasses import replace
+    from utils.train.policy import policy_device
+
+    rows = []
+    batch = rl_batch(n, lens, budget_p, budget_e).to(policy_device(policy))
+    for b in budgets:
+        c = replace(cfg, model=replace(cfg.model, memory=replace(cfg.model.memory, micro_batch_tokens=b)))
+        trainer = bare_trainer(c, policy, _examples(c.algorithm.sft.batch_size, lens["planner"],
+                                                    [(SEED_BATCH["planner_prompt"], budget_p)], "planner"),
+                               where / f"sweep_{b}")
+        gpu_reset()
+        try:
+            s = _timed(torch, lambda: trainer_update(trainer, batch), repeats=2)
+            rows.append({"micro_batch_tokens": b, "update_s": s, "peak_gpu_mb": peak_gpu_mb(),
+                         "tokens_per_s": round(int(batch.attn.sum()) * c.algorithm.rl.ppo_epochs / s, 1)})
+        except torch.OutOfMemoryError:
+            rows.append({"micro_batch_tokens": b, "failed": "out of memory"})
+    gpu_reset()
+    return rows
 
 
 def seed_shape(args, name: str, where: Path) -> dict:
     from utils.core.loader import load_run_config
     from utils.train.policy import load_policy
 
-    cfg = load_run_config(name, "red", "synthetic_arith", [])
+    cfg = load_run_config(name, "red", "synthetic_arith", ["algorithm.rl.stratify=false"])
     model_type, dims = SHAPES[name]
     dtype = cfg.model.dtype if args.device == "cuda" else "float32"
     b = SEED_BATCH
@@ -194,8 +274,15 @@ def seed_shape(args, name: str, where: Path) -> dict:
         out["phase"] = "rollout"
         out["rollout"] = time_rollout(where / name, dtype, n, budget_p, budget_e)
         out["phase"] = "update"
-        policy = load_policy(where / name, cfg.model.lora, dtype, device=args.device)
-        time_training(policy, cfg, n, lens, budget_p, budget_e, sft_n, out)
+        memory = cfg.model.memory
+        policy = load_policy(where / name, cfg.model.lora, dtype, device=args.device,
+                             checkpointing=memory.activation_checkpointing)
+        time_training(policy, cfg, n, lens, budget_p, budget_e, sft_n, out, where)
+        sweep = [int(b) for b in str(getattr(args, "sweep", "") or "").split(",") if b]
+        if sweep:
+            out["phase"] = "budget_sweep"
+            out["budget_sweep"] = budget_sweep(policy, cfg, out["update_episodes"], lens, budget_p, budget_e, sweep,
+                                               where)
         del out["phase"]
     except Exception as exc:  # noqa: BLE001 - recorded; the check goes on with its other parts
         out["failed"] = f"{out.pop('phase')}: {type(exc).__name__}: {exc}"[:2000]

@@ -47,6 +47,8 @@ def test_the_gpu_check_dry_run_passes_on_the_cpu_with_vllm_wandb_and_ray_hidden(
         s = r["seed_shape"][name]
         assert s["params"] > 0 and s["rollout"]["tokens"] > 0 and s["oom_at_episodes"] == [], s
         assert s["update_s"] > 0 and s["update_episodes"] == 4 and s["sft_step_s"] > 0, s
+        assert s["memory"]["activation_checkpointing"] is True and s["update_tokens_per_s"] > 0, s
+        assert [b["micro_batch_tokens"] for b in s["budget_sweep"]] == [128] and s["budget_sweep"][0]["update_s"] > 0
         assert "failed" not in s and "phase" not in s, s
         assert s["lora"] == {"rank": 16, "targets": ["q_proj", "v_proj"]}  # configs/models/<name>.yaml
     assert r["gemma_estimate_from_qwen"]["update_s"] > 0
@@ -57,7 +59,7 @@ def test_a_seed_shape_that_fails_keeps_the_figures_measured_before_and_names_the
     not lose the rollout's and the update's figures, as it once lost Gemma-2-2B's on an H200."""
     import argparse
 
-    import utils.train.policy
+    import utils.train.sft_trainer
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import gpu_shapes
@@ -65,8 +67,8 @@ def test_a_seed_shape_that_fails_keeps_the_figures_measured_before_and_names_the
     def out_of_memory(*args, **kwargs):
         raise RuntimeError("CUDA out of memory (injected)")
 
-    monkeypatch.setattr(utils.train.policy, "sft_loss", out_of_memory)
-    s = gpu_shapes.seed_shape(argparse.Namespace(quick=True, device="cpu"), "qwen2.5-0.5b", tmp_path)
+    monkeypatch.setattr(utils.train.sft_trainer, "sft_backward", out_of_memory)
+    s = gpu_shapes.seed_shape(argparse.Namespace(quick=True, device="cpu", sweep="128"), "qwen2.5-0.5b", tmp_path)
     assert s["failed"] == "sft_step: RuntimeError: CUDA out of memory (injected)", s
     assert s["rollout"]["tokens"] > 0 and s["update_s"] > 0 and s["update_episodes"] == 4, s
     assert "sft_step_s" not in s and "phase" not in s
