@@ -7,7 +7,8 @@
     5. draw an SFT batch
     6. one optimizer step on  L_GRPO − β·H_rl + w·α·L_SFT (+ kl_coef·KL); L_GRPO is the configured
        policy loss (PPO-clip, or GSPO's sequence-level ratio), optionally importance-weighted
-       against the sampler (TIS)
+       against the sampler (TIS); its forward and backward run in micro-batches, every term
+       normalised by the whole batch on every rank (`batch_norms`, utils/train/micro.py)
     7. update the RED state
     8. give the new adapter to the engine
 
