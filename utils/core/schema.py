@@ -46,8 +46,8 @@ class MemoryConfig:
                                            "one chunk.", minimum=0.0)
     activation_checkpointing: bool = field(False, "Recompute each decoder layer's activations in the backward "
                                                   "instead of keeping them (transformers' gradient "
-                                                  "checkpointing, non-reentrant): less memory per token, about "
-                                                  "a third more compute.")
+                                                  "checkpointing, non-reentrant): less memory per token, one "
+                                                  "more forward of each layer in the backward.")
 
 
 @dataclass
