@@ -30,10 +30,9 @@ import torch
 
 from utils.agent.episode import Episode, episode_sequences
 from utils.agent.protocol import PLANNER
-from utils.core.schema import TRAIN_ROLES
+from utils.core.schema import TRAIN_ROLES, MemoryConfig
 from utils.core.tensors import pad
 from utils.reward.scorers import is_correct
-from utils.core.schema import MemoryConfig
 from utils.train.losses import Agg, advantages, aggregate, k3_kl, policy_loss, red_paper_entropy_weight, red_paper_loss
 from utils.train.micro import Tally, cut_rows, micro_batches
 from utils.train.policy import forward_logprobs, sft_terms
@@ -135,12 +134,8 @@ def sft_parts(sft: tuple | None, parts: int) -> list[tuple | None]:
     example; None for a range with no example (or when there is no SFT batch)."""
     if sft is None or parts == 1:
         return [sft] * parts
-    ids, attn, mask = sft
-    out = []
-    for rows in torch.tensor_split(torch.arange(len(ids)), parts):
-        width = int(attn[rows].sum(1).max()) if len(rows) else 0
-        out.append((ids[rows, :width], attn[rows, :width], mask[rows, :width - 1]) if len(rows) else None)
-    return out
+    return [cut_rows(rows.tolist(), *sft) if len(rows) else None
+            for rows in torch.tensor_split(torch.arange(len(sft[0])), parts)]
 
 
 @dataclass

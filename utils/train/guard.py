@@ -8,43 +8,23 @@ from utils.core.stages import StageError
 from utils.train.world import SOLO, World
 
 
-def guarded_step(opt, model, loss: torch.Tensor, max_grad_norm: float, world: World = SOLO) -> tuple[int, float]:
-    """Backward, clip and step: (0, grad norm). A non-finite loss or gradient leaves the weights and
-    the optimizer untouched: (1, nan) or (1, the non-finite norm). With several ranks, `loss` is
-    this rank's part of the global loss: the finiteness check sees the sum over ranks (so every rank
-    skips together) and the gradients are summed over ranks before clipping."""
-    opt.zero_grad(set_to_none=True)
-    if not torch.isfinite(world.sum(loss.detach().clone())):
-        return 1, float("nan")
-    loss.backward()
-    return _clip_and_step(opt, model, max_grad_norm, world)
-
-
 def finish_step(opt, model, loss: torch.Tensor, max_grad_norm: float, world: World = SOLO) -> tuple[int, float]:
-    """The same step after a batch's micro-batch backwards have filled the gradients (utils/train/micro.py):
-    `loss` is this rank's share of the batch's loss, detached; a non-finite sum over ranks discards
-    the gradients and leaves the weights and the optimizer untouched."""
+    """After a batch's micro-batch backwards have filled the gradients (utils/train/micro.py): (0, grad
+    norm) once they are summed over ranks, clipped and stepped. `loss` is this rank's share of the
+    batch's loss, detached: a non-finite sum over ranks (so every rank skips together), or a
+    non-finite gradient, discards the gradients and leaves the weights and the optimizer untouched:
+    (1, nan) or (1, the non-finite norm)."""
     if not torch.isfinite(world.sum(loss.detach().clone())):
         opt.zero_grad(set_to_none=True)
         return 1, float("nan")
-    return _clip_and_step(opt, model, max_grad_norm, world)
-
-
-def _clip_and_step(opt, model, max_grad_norm: float, world: World) -> tuple[int, float]:
     params = [p for p in model.parameters() if p.requires_grad]
-    world.sum_grads(params)
+    world.sum_grads(params)  # a rank without a gradient (nothing to train this step) adds zeros
     grad = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     if not torch.isfinite(grad):
         opt.zero_grad(set_to_none=True)
         return 1, float(grad)
     opt.step()
     return 0, float(grad)
-
-
-def zero_loss(model) -> torch.Tensor:
-    """0, as a loss that reaches every trained weight: a data-parallel rank with nothing to train on
-    this step still takes part in the gradient sum."""
-    return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
 
 
 class SkipStreak:

@@ -49,7 +49,7 @@ def chunk_rows(n_vocab: int, chunk_mib: float) -> int:
     return max(1, int(chunk_mib * 2 ** 20 // (4 * n_vocab)))
 
 
-def _head_chunk(head, cap, temperature: float, entropy: str, sink: list | None, h, y):
+def _head_chunk(head, cap, temperature: float, entropy: str, sink: list, h, y):
     """(log-probs [n], entropies [n] or None) of targets y [n] from hidden states h [n, H]. With
     `entropy="value"` the entropies go to `sink` on the first call only (the no-grad value; the
     recomputation in the backward leaves them)."""
@@ -61,7 +61,7 @@ def _head_chunk(head, cap, temperature: float, entropy: str, sink: list | None, 
     logp = torch.log_softmax(zt, dim=-1).gather(-1, y[:, None]).squeeze(-1)  # [n]
     if entropy == "grad":
         return logp, token_entropy(z)
-    if entropy == "value" and sink is not None and not sink:
+    if entropy == "value" and not sink:
         with torch.no_grad():
             sink.append(token_entropy(z))
     return logp, None

@@ -166,12 +166,12 @@ def advantages(name: str, rewards: torch.Tensor, group_size: int) -> torch.Tenso
 def aggregate(agg: "str | Agg", x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """`agg` by name (every row its own episode, no horizon) or as an `Agg`."""
     agg = Agg(agg) if isinstance(agg, str) else agg
-    get(AGGREGATIONS, agg.name, "loss aggregation")
+    whole = get(AGGREGATIONS, agg.name, "loss aggregation")
     if agg.total is not None:  # token-mean's share: this piece's token sum over the whole batch's count
         return (x * mask).sum() / agg.total
     if agg.row_weight is not None:  # a seq-mean mode's share
         return ((x * mask).sum(-1) * agg.row_weight).sum()
-    return get(AGGREGATIONS, agg.name, "loss aggregation")(x, mask, agg.episode, agg.horizon)
+    return whole(x, mask, agg.episode, agg.horizon)
 
 # ---------------------------------------------------------------- policy loss, KL, entropy, SFT
 

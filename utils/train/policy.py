@@ -13,7 +13,7 @@ from pathlib import Path
 
 from utils.core.config import ConfigError
 from utils.core.models import load_causal_lm
-from utils.core.schema import LoraConfig
+from utils.core.schema import LoraConfig, MemoryConfig
 from utils.core.tensors import pad
 from utils.agent.episode import Example
 from utils.train.head import head_logprobs
@@ -110,7 +110,6 @@ def batch_logprobs(model, ids, attn, need=None, temperature: float = 1.0, memory
     elsewhere), a micro-batch of `memory.micro_batch_tokens` at a time (None: the schema's)."""
     import torch
 
-    from utils.core.schema import MemoryConfig
     from utils.train.micro import cut_rows, micro_batches
 
     memory = memory or MemoryConfig()
