@@ -2,10 +2,12 @@
 import dataclasses
 import functools
 import re
+import subprocess
+import sys
 
 import pytest
 
-from utils.core.config import CONFIG_DIR, ConfigError, describe, read_yaml
+from utils.core.config import CONFIG_DIR, ROOT, ConfigError, describe, read_yaml
 from utils.core.schema import RunConfig
 from utils.core.loader import load_run_config
 
@@ -343,3 +345,24 @@ def test_the_agent_section_holds_the_episode_settings_and_names_where_old_keys_w
     assert "agent" not in stage_config(plain, "00_check_data") and "agent" not in stage_config(plain, "02_build_rewards")
     assert stage_config(lookup, "00_check_data")["agent"]["tool"]["corpus"] == "corpus.jsonl"
     assert all("algorithm.rl.max_turns" not in keys and "tool" not in keys for keys in CONFIG_KEYS.values())
+
+
+def test_a_vllm_max_lora_rank_below_the_lora_rank_is_refused_at_parse_time(tmp_path, capsys):
+    """vLLM would refuse the adapter only at its first load, minutes into 05; the config is refused
+    when it is parsed, naming both keys and the smallest rank vLLM serves that fits."""
+    with pytest.raises(ConfigError, match=r"model.engine.max_lora_rank=8 is smaller than model.lora.rank=16: "
+                                          r".*set model.engine.max_lora_rank=16"):
+        load_run_config(overrides=["model.lora.rank=16"])
+    with pytest.raises(ConfigError, match="max_lora_rank=12: vLLM serves only 1, 8, 16"):
+        load_run_config(overrides=["model.engine.max_lora_rank=12"])
+    with pytest.raises(ConfigError, match="no vLLM rank is that large"):
+        load_run_config(overrides=["model.lora.rank=1024", "model.engine.max_lora_rank=512"])
+    # where no engine is vLLM, or nothing is served as an adapter, the key is not read and not checked
+    assert load_run_config(overrides=["model.lora.rank=16", "model.engine.name=hf"]).model.lora.rank == 16
+    assert load_run_config(overrides=["model.lora.rank=16", "model.lora.full_finetune=true"]).model.lora.rank == 16
+    assert load_run_config(overrides=["model.lora.rank=16", "model.engine.max_lora_rank=16"]).model.lora.rank == 16
+    # a stage refuses it before it writes anything
+    out = subprocess.run([sys.executable, "00_check_data.py", "--set", f"outputs_dir={tmp_path}", "--run_id", "t",
+                          "--set", "model.lora.rank=16"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "config error: model.engine.max_lora_rank=8 is smaller" in out.stderr
+    assert not any(tmp_path.iterdir())

@@ -42,6 +42,7 @@ def config_from_layers(layers: list[tuple[str, dict]]) -> RunConfig:
         raise ConfigError(f"algorithm.method '{cfg.algorithm.method}' contradicts {'; '.join(problems)}{hint}")
     check_process(cfg)
     check_minibatches(cfg)
+    check_lora_rank(cfg)
     check_run_id(cfg.run_id)
     return cfg
 
@@ -149,6 +150,27 @@ def check_minibatches(cfg: RunConfig) -> None:
         raise ConfigError(f"algorithm.rl.ppo_minibatches={cfg.algorithm.rl.ppo_minibatches} with red_paper's expert "
                           f"traces (algorithm.red_paper.offline): their entropy weight needs the expert and rollout "
                           f"tokens in one batch; set algorithm.rl.ppo_minibatches=1")
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's LoRAConfig.max_lora_rank values
+
+
+def check_lora_rank(cfg: RunConfig) -> None:
+    """A vLLM engine that serves the policy's adapter must allow its rank: refused here, before any
+    stage runs, instead of at vLLM's first adapter load. Only where an engine is vLLM and serves
+    LoRA adapters (not full fine-tuning)."""
+    engine, rank = cfg.model.engine, cfg.model.lora.rank
+    uses_vllm = "vllm" in (engine.name, cfg.reward.process.judge_engine)
+    if not uses_vllm or cfg.model.lora.full_finetune:
+        return
+    if engine.max_lora_rank not in VLLM_LORA_RANKS:
+        raise ConfigError(f"model.engine.max_lora_rank={engine.max_lora_rank}: vLLM serves only "
+                          f"{', '.join(map(str, VLLM_LORA_RANKS))}")
+    if engine.max_lora_rank < rank:
+        fit = min(r for r in VLLM_LORA_RANKS if r >= rank) if rank <= VLLM_LORA_RANKS[-1] else None
+        fix = f"set model.engine.max_lora_rank={fit}" if fit else "no vLLM rank is that large: use the hf engine"
+        raise ConfigError(f"model.engine.max_lora_rank={engine.max_lora_rank} is smaller than model.lora.rank={rank}: "
+                          f"vLLM could not load the adapter; {fix}")
 
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*")

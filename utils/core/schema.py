@@ -67,7 +67,7 @@ class EngineConfig:
                                     "Untested on GPU.")
     kv_cache_gb: float = field(0.0, "vllm: KV cache size in GiB; 0 lets vLLM size it from `memory_share`. An "
                                     "explicit size lets two in-process engines share one process.", minimum=0.0)
-    max_lora_rank: int = field(16, "Largest LoRA rank the vLLM engine must serve.")
+    max_lora_rank: int = field(16, "Largest LoRA rank vLLM serves (1, 8, 16, 32, ...); at least model.lora.rank, checked at parse.")
     max_loras: int = field(2, "LoRA adapters vLLM keeps loaded at once (old and new policy).")
     max_num_seqs: int = field(256, "Sequences vLLM batches at once.", minimum=1)
     enable_sleep_mode: bool = field(False, "GPU only: let vLLM free its memory while the trainer runs. Untested here.")
