@@ -201,3 +201,44 @@ def test_the_command_finder_reads_code_blocks_only():
             "python benchmarks/step_profile.py --run outputs/x\n.venv/bin/python -m pytest -q\n```\n")
     assert readme_commands(text) == {"09_driver.py": {"--method", "--seeds"},
                                      "benchmarks/step_profile.py": {"--run"}}
+
+
+EXTENDING = ROOT / "docs" / "EXTENDING.md"
+MIRRORED = re.compile(r"#\s*(utils/[\w/]+\.py) ([A-Z][A-Z_]+)\b")  # choices.py's "# path REGISTRY" comments
+
+
+def _registries() -> dict[str, str]:
+    """Every registry EXTENDING.md must name: those utils/core/choices.py mirrors (from its comments),
+    the method registry and the hub's datasets."""
+    found = {name: path for path, name in MIRRORED.findall((ROOT / "utils" / "core" / "choices.py").read_text())}
+    return {**found, "METHODS": "utils/core/methods.py", "DATASETS": "utils/core/hub.py",
+            "ADAPTERS": "utils/data/adapters.py", "AGGREGATIONS": "utils/train/losses.py"}
+
+
+def test_extending_names_every_registry_in_the_file_that_defines_it():
+    import importlib
+
+    text = EXTENDING.read_text()
+    registries = _registries()
+    assert {"ENGINES", "SCORERS", "ADVANTAGES", "POLICY_LOSSES", "RETRIEVERS"} <= set(registries)
+    for name, path in registries.items():
+        module = importlib.import_module(path[:-3].replace("/", "."))
+        assert isinstance(getattr(module, name, None), dict), f"{path} has no registry {name}"
+        assert f"`{name}`" in text and f"`{path}`" in text, f"docs/EXTENDING.md does not name {name} in {path}"
+    headings = [m.group(2) for m in map(HEADING.match, text.splitlines()) if m and m.group(1) == "##"]
+    for kind in ("method", "advantage", "scorer", "dataset adapter", "trace source", "engine", "retriever"):
+        assert any(kind in h for h in headings), f"docs/EXTENDING.md has no checklist for a {kind}"
+
+
+def test_every_file_extending_names_exists():
+    paths = {p for p in re.findall(r"`([\w./<>-]+\.(?:py|yaml|md))(?:::\w+)?`", EXTENDING.read_text())
+             if "/" in p or p[:2].isdigit() or p == "README.md"}  # repository paths, not output files
+    paths |= set(re.findall(r"`((?:tests|utils|configs|benchmarks)/[\w./<>-]*/)`", EXTENDING.read_text()))
+    assert len(paths) > 20
+    missing = []
+    for p in sorted(paths):
+        if "<name>" in p:  # a template: its folder must exist
+            p = p.split("<name>")[0]
+        if not (ROOT / p).exists():
+            missing.append(p)
+    assert missing == []
