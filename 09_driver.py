@@ -33,7 +33,7 @@ import time
 from utils.core.lock import HOLDER_ENV, RunLock, RunLocked
 from utils.core.manifest import rel
 from utils.core.methods import METHODS, STUDY
-from utils.core.signals import TERMINATED_EXIT, Terminated, sigterm_as_interrupt, stop_word
+from utils.core.signals import TERMINATED_EXIT, Terminated, exit_without_teardown, sigterm_as_interrupt, stop_word
 from utils.core.stages import DISK_ERRORS, disk_error
 from utils.run.driver import (REPORT, RunManifest, dry_run, plan, run_batch, run_sequential, stage_count,
                               stage_path)
@@ -145,4 +145,4 @@ def _run(args, methods, seeds, base, root, run_root) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main)  # utils/core/signals.py: no teardown report from the bindings it imported

@@ -87,8 +87,9 @@ def _start(cmd: list[str], run: Path) -> tuple[subprocess.Popen, int, set[int]]:
     _wait_for(lambda: first.is_file() or proc.poll() is not None, 600, "04's first validation")
     assert proc.poll() is None, f"{cmd[1]} ended (exit {proc.returncode}) before it could be signalled"
     stage = proc.pid if cmd[1] == "04_sft_warmup.py" else next(  # a forked stage keeps the driver's command
-        p for p in _children(proc.pid)                               # line; its name is the stage's
-        if "04_sft_warmup" in Path(f"/proc/{p}/cmdline").read_text() or _comm(p) == "04_sft_warmup")
+        p for p in _children(proc.pid)                               # line; its name is the stage's (the
+        if "utils.core.console" not in Path(f"/proc/{p}/cmdline").read_text()  # console filter's names its log)
+        and ("04_sft_warmup" in Path(f"/proc/{p}/cmdline").read_text() or _comm(p) == "04_sft_warmup"))
     below = _descendants(stage)
     assert any(_comm(p).startswith("VLLM::EngineCor") for p in below), [_comm(p) for p in below]
     return proc, stage, below

@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 
 TERMINATED_EXIT = 128 + signal.SIGTERM  # the shell's code for "ended by SIGTERM"
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -106,14 +107,52 @@ def stop_child(proc: subprocess.Popen, grace: float = 60.0) -> int:
 PARENT_ENV = "REDCODA_PARENT"  # set by run_child: the child stops with this pid (utils/core/stages.run_main)
 
 
-def run_child(cmd: list[str], cwd, stdout=None) -> int:
+def run_child(cmd: list[str], cwd, stdout=None, console_log: Path | None = None) -> int:
     """`subprocess.call`, except that an interrupted or terminated caller stops the child with
     `stop_child` (SIGTERM first, so that it can unwind) instead of SIGKILLing it, and that the
     child is told our pid (`PARENT_ENV`) so that it stops with us if we are killed outright. With
-    `stdout` (an open file), the child's stdout and stderr go there."""
+    `stdout` (an open file), the child's stdout and stderr go there; else with `console_log` they
+    reach our console through the quiet-console filter, which keeps all of it in that file."""
     env = {**os.environ, PARENT_ENV: str(os.getpid())}
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=subprocess.STDOUT if stdout else None)
-    return _wait_or_stop(proc)
+    if stdout is not None or console_log is None:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=subprocess.STDOUT if stdout else None)
+        return _wait_or_stop(proc)
+    with _console_filter(console_log, cwd) as (out, err):
+        proc = subprocess.Popen(cmd, cwd=cwd, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=out, stderr=err)
+        os.close(out)
+        os.close(err)
+        return _wait_or_stop(proc)
+
+
+@contextlib.contextmanager
+def _console_filter(log: Path, cwd):
+    """Two pipe write ends (for a child's stdout and stderr) whose other ends the filter process
+    (utils/core/console.py) reads, writing everything to `log` and the console's share to ours. The
+    caller closes its copies of the write ends once the child has them; on leaving, the filter is
+    waited for (it ends when the child and anything it started have closed their ends)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    filt = subprocess.Popen([sys.executable, "-m", "utils.core.console", str(log), str(err_r)], cwd=cwd,
+                            stdin=out_r, pass_fds=(err_r,))
+    os.close(out_r)
+    os.close(err_r)
+    try:
+        yield out_w, err_w
+    finally:
+        for fd in (out_w, err_w):  # already closed by a caller that got as far as starting the child
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        try:
+            filt.wait(timeout=FILTER_GRACE)
+        except subprocess.TimeoutExpired:  # a grandchild still holds a pipe open: stop waiting for it
+            filt.kill()
+            filt.wait()
+
+
+FILTER_GRACE = 30.0  # seconds the console filter may take after its stage ended
 
 
 def _wait_or_stop(proc) -> int:
@@ -159,21 +198,46 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
 
-def run_forked(script: str, args: list[str], cwd, stdout=None) -> int:
-    """`run_child([sys.executable, script, *args], cwd, stdout)`, with the child forked from this
-    process: it runs `script` as `__main__` with `args`, on the modules we have imported. A caller
-    running Python threads besides its main one (`single_threaded`) gets `run_child` instead.
+def run_forked(script: str, args: list[str], cwd, stdout=None, console_log: Path | None = None) -> int:
+    """`run_child([sys.executable, script, *args], cwd, stdout, console_log)`, with the child forked
+    from this process: it runs `script` as `__main__` with `args`, on the modules we have imported.
+    A caller running Python threads besides its main one (`single_threaded`) gets `run_child` instead.
 
     The child never returns into our stack (it would run our `finally` blocks, e.g. a driver's lock
     release): it ends with `os._exit` after running the exit handlers, as an interpreter would."""
     if not single_threaded():
-        return run_child([sys.executable, script, *args], cwd, stdout)
+        return run_child([sys.executable, script, *args], cwd, stdout, console_log)
+    if stdout is not None or console_log is None:
+        return _fork(script, args, cwd, (stdout.fileno(), stdout.fileno()) if stdout is not None else None)
+    with _console_filter(console_log, cwd) as (out, err):
+        return _fork(script, args, cwd, (out, err), close=(out, err))
+
+
+def _fork(script: str, args: list[str], cwd, fds: tuple[int, int] | None, close=()) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:  # the child
-        os._exit(_forked_main(script, args, cwd, stdout))
+        os._exit(_forked_main(script, args, cwd, fds))
+    for fd in close:
+        os.close(fd)
     return _wait_or_stop(Forked(pid))
+
+
+def exit_without_teardown(fn) -> None:
+    """Run `fn` as a process's main; when it returns, exit with its code after the exit handlers,
+    skipping the interpreter's teardown, as a forked stage child ends: at teardown Triton's
+    nanobind bindings (imported with vLLM 0.32) print about thirty lines of "leaked" objects,
+    nothing this process did. Open files are closed by the exit handlers and the callers' own
+    `with` blocks first. An exception or `sys.exit` inside `fn` (`--help`, a usage error) leaves as
+    usual, so that a caller running the script in its own interpreter (runpy) gets it back."""
+    code = fn() or 0
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def single_threaded() -> bool:
@@ -195,16 +259,17 @@ def _name_process(name: str) -> None:
         ctypes.CDLL(None).prctl(pr_set_name, name.encode()[:15], 0, 0, 0)
 
 
-def _forked_main(script: str, args: list[str], cwd, stdout) -> int:
+def _forked_main(script: str, args: list[str], cwd, fds: tuple[int, int] | None) -> int:
     code = 1
     try:
         _name_process(os.path.basename(script).removesuffix(".py"))
         os.environ[PARENT_ENV] = str(os.getppid())
-        if stdout is not None:
-            os.dup2(stdout.fileno(), 1)
-            os.dup2(stdout.fileno(), 2)
-        # streams on file descriptors 1 and 2, as a new interpreter has (ours may be another object)
-        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - lives as long as the child
+        if fds is not None:  # (stdout, stderr) file descriptors: a file, or the console filter's pipes
+            os.dup2(fds[0], 1)
+            os.dup2(fds[1], 2)
+        # streams on file descriptors 1 and 2, as a new interpreter has (ours may be another object);
+        # stdout line by line, as on a terminal, so that a filtered console keeps the stage's pace
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the child
         sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
         os.chdir(cwd)
         sys.argv = [script, *args]

@@ -9,6 +9,7 @@ hash is computed from the stage table (utils/core/stages.py), never by importing
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import json
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from utils.core.cli import parse_stage_args
 from utils.core.config import ROOT, repo_path
+from utils.core.console import filtered_here
 from utils.core.manifest import (MANIFEST_NAME, atomic_write_json, config_sha256, manifest_digest, path_sha256, seal_state,
                                  read_manifest, rel, utc_now)
 from utils.core.methods import BASE, METHODS, SFT_WARMUP
@@ -86,7 +88,7 @@ def uses_vllm(cfg) -> bool:
     return "vllm" in (cfg.model.engine.name, cfg.reward.process.judge_engine)
 
 
-def preload(script: str, cfg) -> None:
+def preload(script: str, cfg, console: Path | None = None) -> None:
     """Import the modules `script` will need under `cfg` (PRELOAD, and vLLM's if `uses_vllm`) into this
     process, where not yet imported, then hand every object alive to the garbage collector's
     permanent generation (`gc.freeze`), so that a forked stage's collections do not walk the imported
@@ -96,8 +98,9 @@ def preload(script: str, cfg) -> None:
     if wanted is _TRAINER and uses_vllm(cfg):
         wanted = (*wanted, *_VLLM)
     missing = [name for name in wanted if name not in sys.modules]
-    for name in missing:
-        importlib.import_module(name)
+    with filtered_here(console) if console is not None and missing else contextlib.nullcontext():
+        for name in missing:  # vLLM's import warns on a CPU: that goes to the console filter
+            importlib.import_module(name)
     if missing:
         gc.freeze()
 
@@ -262,6 +265,13 @@ def batches(steps: list[Step]) -> list[list[Step]]:
     return out
 
 
+def console_log(log: RunManifest, seed, name: str) -> Path:
+    """Where everything a stage process printed is kept, its harmless lines too (utils/core/console.py):
+    <run>/logs/<stage>[.seed_N].log beside the run manifest."""
+    stem = name.replace("/", ".").replace(",", "+") + (f".seed_{seed}" if seed is not None else "")
+    return log.path.parent / "logs" / f"{stem}.log"
+
+
 def run_batch(batch: list[Step], common, force, label, log: RunManifest, seed, stdout=None, fork=False) -> int:
     """Run the steps of a batch that are not up to date, in one process; skip the others. The
     process writes to `stdout` (an open file) if given, else to ours. With `fork` it is forked from
@@ -285,11 +295,12 @@ def run_batch(batch: list[Step], common, force, label, log: RunManifest, seed, s
     print(f"{label(first, name)}: running ({'; '.join(reasons)})", flush=True)
     t0 = time.time()
     args = first.args if len(todo) == 1 else ["--checkpoint", ",".join(s.checkpoint for s, _, _ in todo)]
+    console = console_log(log, seed, name) if stdout is None else None  # the quiet console's full record
     if fork:
-        preload(first.script, expected_sha(first, common)[1])
-        code = run_forked(str(ROOT / f"{first.script}.py"), [*common, *args], ROOT, stdout)
+        preload(first.script, expected_sha(first, common)[1], console)
+        code = run_forked(str(ROOT / f"{first.script}.py"), [*common, *args], ROOT, stdout, console)
     else:
-        code = run_child([sys.executable, f"{first.script}.py", *common, *args], ROOT, stdout)  # SIGTERM first
+        code = run_child([sys.executable, f"{first.script}.py", *common, *args], ROOT, stdout, console)  # SIGTERM first
     seconds = time.time() - t0
     for step, directory, reason in todo:
         m = directory / MANIFEST_NAME
