@@ -193,7 +193,8 @@ def test_fork_and_exec_give_the_same_files(tmp_path):
                                *sets], cwd=ROOT, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
         trees[launch] = {p.relative_to(out / "r"): p for p in (out / "r").rglob("*") if p.is_file()
-                         and p.relative_to(out / "r").parts[0] not in ("08_compare_runs", "run_manifest.json", ".lock")}
+                         and p.relative_to(out / "r").parts[0] not in ("08_compare_runs", "run_manifest.json", ".lock",
+                                                                        "logs")}  # console logs: pids, rates
     assert trees["fork"].keys() == trees["exec"].keys()
     assert len(trees["fork"]) > 30
     for rel, path in sorted(trees["fork"].items()):
