@@ -147,14 +147,21 @@ def answer_score(scorer: str, pred: str | None, golds: list[str], rel_tol: float
 
 def composite(scorer: str, pred: str | None, golds: list[str], fmt: float, n_tokens: int,
               w: RewardConfig, independence: float = 0.0) -> tuple[float, dict]:
-    """`answer_scale·score + answer_shift + format_weight·format − efficiency_weight·overrun
-    + independence_weight·independence`.
+    """The episode reward with `scorer`'s answer score: `shaped_reward` of it. An unknown scorer
+    raises KeyError (a config error); a scorer never raises on model output."""
+    score, _ = answer_score(scorer, pred, golds, w.numeric_rel_tol)
+    return shaped_reward(score, fmt, n_tokens, w, independence)
+
+
+def shaped_reward(score: float, fmt: float, n_tokens: int, w: RewardConfig,
+                  independence: float = 0.0) -> tuple[float, dict]:
+    """The episode reward from an answer score in [0, 1], a scorer's or the LLM judge's:
+    `answer_scale·score + answer_shift + format_weight·format − efficiency_weight·overrun
+    + independence_weight·independence`, and its components.
 
     `overrun` is max(0, n_tokens/efficiency_budget − 1): no penalty inside the budget;
-    `independence` is the episode's `subtask_independence` in [0, 1]. An unknown scorer raises
-    KeyError (a config error); a scorer never raises on model output.
+    `independence` is the episode's `subtask_independence` in [0, 1]; a non-finite format counts 0.
     """
-    score, _ = answer_score(scorer, pred, golds, w.numeric_rel_tol)
     fmt = min(max(float(fmt), 0.0), 1.0) if math.isfinite(fmt) else 0.0
     overrun = max(0.0, n_tokens / max(w.efficiency_budget, 1) - 1.0)
     value = (w.answer_scale * score + w.answer_shift + w.format_weight * fmt - w.efficiency_weight * overrun

@@ -15,7 +15,7 @@ from utils.agent.protocol import EXECUTOR, PLANNER
 from utils.core.config import field, from_dict, read_yaml, to_dict
 from utils.core.manifest import atomic_write_text
 from utils.core.schema import RewardConfig, RunConfig
-from utils.reward.scorers import answer_score, composite, subtask_independence
+from utils.reward.scorers import answer_score, composite, shaped_reward, subtask_independence
 
 FORMULA = ("answer_scale*score + answer_shift + format_weight*format - efficiency_weight*max(0, tokens/efficiency_budget - 1)"
            " + independence_weight*independence")
@@ -53,8 +53,7 @@ def score_answer(spec: RewardSpec, question: str, pred: str | None, golds: list[
     from utils.reward.judge import judge_score
 
     score, comps = judge_score(spec.judge, question, pred, golds)
-    value, base = composite("em", None, golds, fmt, n_tokens, spec, independence)  # the terms but the answer
-    value += spec.answer_scale * score
+    value, base = shaped_reward(score, fmt, n_tokens, spec, independence)
     return value, {**base, **comps, "answer": score, "reward": value}
 
 
