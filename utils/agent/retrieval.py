@@ -29,7 +29,6 @@ from typing import Callable
 
 from utils.core.io import DataError, read_records, require, write_jsonl
 from utils.core.manifest import atomic_write_json, path_sha256
-from utils.core.registry import Registry
 
 INDEX_FILE, DOCS_FILE = "index.json", "docs.jsonl"
 _WORD = re.compile(r"\w+")
@@ -189,11 +188,13 @@ class DenseRetriever:
         return [self.docs[i] for _, i in hits]
 
 
-RETRIEVERS = Registry("retriever", {"bm25": BM25Retriever, "dense": DenseRetriever})
+RETRIEVERS = {"bm25": BM25Retriever, "dense": DenseRetriever}
 
 
 def _retriever_class(name: str):
-    return RETRIEVERS.get(name)
+    if name not in RETRIEVERS:
+        raise KeyError(f"unknown retriever '{name}'; valid: {', '.join(sorted(RETRIEVERS))}")
+    return RETRIEVERS[name]
 
 
 def build_index(name: str, corpus: Path, out_dir: Path, **opts) -> dict:

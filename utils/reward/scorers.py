@@ -25,7 +25,6 @@ from typing import Callable
 
 from utils.agent.protocol import MAX_PARSED_CHARS as MAX_SCORED_CHARS
 from utils.core.schema import RewardConfig
-from utils.core.registry import Registry
 
 # ---------------------------------------------------------------- normalisation and parsing
 
@@ -112,9 +111,9 @@ def score_numeric(pred: str, golds: list[str], rel_tol: float = 1e-4) -> Scored:
     return 0.0, {"pred_number": value, "matched": None}
 
 
-SCORERS: Registry[Callable[..., Scored]] = Registry("scorer", {
+SCORERS: dict[str, Callable[..., Scored]] = {
     "em": score_em, "f1": score_f1, "cem": score_cem, "numeric": score_numeric,
-})
+}
 
 
 def is_correct(score: float) -> bool:
@@ -124,7 +123,9 @@ def is_correct(score: float) -> bool:
 
 
 def get_scorer(name: str) -> Callable[..., Scored]:
-    return SCORERS.get(name)
+    if name not in SCORERS:
+        raise KeyError(f"unknown scorer '{name}'; valid: {', '.join(sorted(SCORERS))}")
+    return SCORERS[name]
 
 
 def gold_parseable(scorer: str, answer: str) -> bool:
