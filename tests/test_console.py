@@ -3,6 +3,7 @@ the driver's console and in the stage's log; everything else, real warnings and 
 still reaches the console, each on the stream it was written to."""
 import io
 import json
+import os
 import subprocess
 import sys
 
@@ -107,17 +108,21 @@ def test_a_tiny_chain_on_vllm_prints_no_harmless_warning_and_its_logs_keep_them(
     write_dataset(DataConfig(n_train=40, n_val=6, n_test=6), data)
     out = tmp_path / "outputs"
 
+    # a user's shell: none of the vLLM variables that this test worker's own in-process engines left behind
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+
     def driver(*extra):
         sets = set_args(*QUIET_CHAIN, f"outputs_dir={out}", f"data.path={data}", *extra)
         return subprocess.run([sys.executable, "09_driver.py", "--method", "red", "--run_id", "q", *sets], cwd=ROOT,
-                              capture_output=True, text=True, timeout=1200)
+                              capture_output=True, text=True, timeout=1200, env=env)
 
     run = driver()
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     console = run.stdout + run.stderr
     lines = [line for chunk in console.splitlines() for line in chunk.split("\r")]
     assert [line for line in lines if harmless(line) is not None] == []
-    assert "nanobind" not in console and "WARNING" not in console
+    assert "nanobind" not in console and "WARNING" not in console, [ln for ln in lines if "nanobind" in ln
+                                                                      or "WARNING" in ln]
     assert "[6/10] 05_train_red_grpo/red: done" in run.stdout and "05_train_red_grpo: red 1 steps" in run.stdout
     logs = out / "q" / "logs"
     kept = {p.name: p.read_text() for p in logs.glob("*.log")}

@@ -32,6 +32,8 @@ HARMLESS = tuple(re.compile(p) for p in (
     _VLLM + r"CPU backend doesn't allow to use `torch\.set_num_threads`",  # vllm_compat.in_process keeps the count
     _VLLM + r"RotaryEmbedding: Failed to load weights",  # its buffers are computed, not loaded
     _VLLM + r"Passing raw prompts to InputProcessor is deprecated",  # utils/agent/engines.py passes token ids
+    # its CPU worker's own variable, set in the process by a first in-process engine, seen by a second
+    _VLLM + r"Unknown vLLM environment variable detected: VLLM_DIST_IDENT",
     r"Triton is installed, but doesn't include CPU backend",  # vLLM's import on a CPU
     r"(?:/[\w.-]+)+\.py:\d+: FutureWarning: `torch\.distributed\.reduce_op` is deprecated",  # vLLM's Triton dispatcher
     r"\[W\d+ [\d:.]+ utils\.cpp:\d+\] Warning: NUMA binding: Using MEMBIND policy",  # torch, vLLM's CPU worker
