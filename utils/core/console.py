@@ -97,9 +97,10 @@ class Filter:
             self.dropping = False
 
     def finish(self) -> None:
-        if self.pending:
-            self._line(self.pending + b"\n") if harmless(self.pending.decode("utf-8", "replace")) is not None \
-                else self.console.write(self.pending)
+        if self.pending and harmless(self.pending.decode("utf-8", "replace")) is not None:
+            self._line(self.pending + b"\n")  # a harmless last line without its newline: filtered as one
+        elif self.pending:
+            self.console.write(self.pending)
         self.pending = b""
         self.log.flush()
         self.console.flush()
