@@ -172,3 +172,14 @@ def test_shards_and_blocks_split_a_batch_between_ranks():
     assert World().shard(items) is items
     assert [World(r, 3).block(list(range(7))) for r in range(3)] == [(0, [0, 1, 2]), (3, [3, 4]), (5, [5, 6])]
     assert World().block(items) == (0, items)
+
+
+@pytest.mark.parametrize("rank, killed", [(None, True), ("0", True), ("1", False)])
+def test_a_fault_point_fires_in_one_process_or_in_rank_0_alone(rank, killed):
+    """Only the writing rank fires (utils/core/faults.py): with every rank firing, whichever died first
+    had the launcher stop the rest, so the killed run's manifest was 'running' or 'failed' by chance."""
+    code = "from utils.core.faults import fault_point; fault_point('p'); fault_point('p'); print('alive')"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "REDCODA_FAULT_STAGE")} | {"REDCODA_FAULT": "p:2"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env | ({"RANK": rank} if rank else {}),
+                          capture_output=True, text=True, timeout=60, start_new_session=True)
+    assert (proc.returncode == -9, "alive" in proc.stdout) == (killed, not killed), proc.stderr

@@ -6,6 +6,11 @@ in the stage script of that name), a process SIGKILLs its whole process group th
 running stage die together at an exact place, as `kill -9 -<pgid>` or a lost machine would
 leave them. The test starts the driver in a session of its own, so nothing else is hit.
 
+In a data-parallel run only rank 0 (torch's `RANK`), the rank that writes, fires: the launcher then
+stops the others, as when the main node is lost. Were every rank to fire, the first to die would
+have the launcher SIGTERM the rest, and a rank 0 not yet at its point would unwind and mark its
+manifest failed: which of the two happened would depend on which rank got there first.
+
 Points: `write:<file name>` (an atomic write, its temporary file complete, before the rename),
 `checkpoint` (a training checkpoint half assembled: weights written, optimizer state not),
 `sft_step` (an SFT step's loss computed, the update not applied), `rollout` (an engine poll
@@ -29,7 +34,7 @@ def fault_point(name: str) -> None:
         return
     point, _, nth = spec.rpartition(":") if spec.rpartition(":")[2].isdigit() else (spec, "", "1")
     stage = os.environ.get(STAGE_ENV)
-    if point != name or (stage and Path(sys.argv[0]).stem != stage):
+    if point != name or (stage and Path(sys.argv[0]).stem != stage) or os.environ.get("RANK", "0") != "0":
         return
     _reached[name] += 1
     if _reached[name] == int(nth):
