@@ -2,14 +2,16 @@
 
 Reads the native files of `data.name` under `data.path` through its adapter and checks schema and
 types, empty or duplicate ids, empty questions or answers, gold answers the scorer cannot parse,
-and leakage between splits. For synthetic_arith it also checks that the files were generated with
-the config's difficulty knobs and seed (their manifest.json), so a changed config never runs on stale
-files; differing split sizes are a warning. Writes outputs/<run_id>/00_check_data/{summary.json, manifest.json}.
+and leakage between splits, after any check its adapter registers for its files (utils/data/adapters.py
+`check_files`): for the generated datasets, that the files were generated with the config's
+difficulty knobs and seed (their manifest.json), so a changed config never runs on stale files;
+differing split sizes are a warning. Writes outputs/<run_id>/00_check_data/{summary.json, manifest.json}.
 Hard errors exit 1 (the manifest says 'failed'); warnings are listed in the summary and manifest.
 """
 import sys
 
 from utils.core.cli import parse_stage_args
+from utils.data.adapters import get_adapter
 from utils.data.checks import check_dataset, summarize
 from utils.data.prepare import CONTEXT_CORPUS
 from utils.core.manifest import StageRun, atomic_write_json
@@ -24,16 +26,7 @@ def main(argv=None) -> int:
     out = stage_dir(cfg, STAGE)
     root = repo_path(cfg.data.path)
     with StageRun(STAGE, out, stage_config(cfg, STAGE), cfg.seed) as run:
-        if cfg.data.name in ("synthetic_arith", "synthetic_lookup"):
-            from utils.data.synthetic import SHAPE_KNOBS, SIZE_KNOBS, stale_knobs
-
-            stale = stale_knobs(cfg.data, root, SHAPE_KNOBS)
-            if stale:
-                raise StageError(f"{root / 'manifest.json'}: the synthetic files were generated with other knobs "
-                                 f"({'; '.join(stale)}); regenerate them with `bash download.sh` (or `bash download.sh "
-                                 f"--data-config FILE` for another data config)")
-            run.warnings.extend(f"{root / 'manifest.json'}: split sizes differ from the config ({d}); the files' "
-                                f"rows are used" for d in stale_knobs(cfg.data, root, SIZE_KNOBS))
+        run.warnings.extend(get_adapter(cfg.data.name).file_warnings(cfg.data, root))  # the generated ones' knobs
         rep = check_dataset(cfg.data.name, root, cfg.data.scorer)
         for path in rep.files.values():
             run.add_input(path)

@@ -226,12 +226,14 @@ def _registries() -> dict[str, str]:
 def test_extending_names_every_registry_in_the_file_that_defines_it():
     import importlib
 
+    from utils.core.registry import Registry
+
     text = EXTENDING.read_text()
     registries = _registries()
     assert {"ENGINES", "SCORERS", "ADVANTAGES", "POLICY_LOSSES", "RETRIEVERS"} <= set(registries)
     for name, path in registries.items():
         module = importlib.import_module(path[:-3].replace("/", "."))
-        assert isinstance(getattr(module, name, None), dict), f"{path} has no registry {name}"
+        assert isinstance(getattr(module, name, None), Registry), f"{path} has no Registry {name}"
         assert f"`{name}`" in text and f"`{path}`" in text, f"docs/EXTENDING.md does not name {name} in {path}"
     headings = [m.group(2) for m in map(HEADING.match, text.splitlines()) if m and m.group(1) == "##"]
     for kind in ("method", "advantage", "scorer", "dataset adapter", "trace source", "engine", "retriever"):
@@ -250,3 +252,12 @@ def test_every_file_extending_names_exists():
         if not (ROOT / p).exists():
             missing.append(p)
     assert missing == []
+
+
+def test_a_registry_names_the_valid_choices_for_an_unknown_name():
+    from utils.core.registry import Registry
+
+    reg = Registry("widget", {"b": 2, "a": 1})
+    assert reg.get("a") == 1 and reg["b"] == 2 and reg.names == ("a", "b") and list(reg) == ["b", "a"]
+    with pytest.raises(KeyError, match="unknown widget 'c'; valid: a, b"):
+        reg.get("c")

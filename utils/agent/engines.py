@@ -31,6 +31,7 @@ from utils.agent.vllm_compat import in_process, skip_logprob_token_text
 from utils.core.models import check_remote_code, load_causal_lm, load_tokenizer
 from utils.core.schema import EngineConfig
 from utils.core.tensors import pad
+from utils.core.registry import Registry
 
 
 class HFEngine(BatchedCalls):
@@ -287,7 +288,7 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-ENGINES = {"hf": HFEngine, "vllm": VLLMEngine, "openai": OpenAIEngine}
+ENGINES = Registry("engine", {"hf": HFEngine, "vllm": VLLMEngine, "openai": OpenAIEngine})
 
 
 def empty_prefix_cache(engine) -> None:
@@ -300,6 +301,4 @@ def empty_prefix_cache(engine) -> None:
 
 def make_engine(name: str, model_path: Path, cfg: EngineConfig, seed: int = 0,
                 trust_remote_code: bool = False) -> Engine:
-    if name not in ENGINES:
-        raise KeyError(f"unknown engine '{name}'; valid: {', '.join(sorted(ENGINES))}")
-    return ENGINES[name](model_path, cfg, seed=seed, trust_remote_code=trust_remote_code)
+    return ENGINES.get(name)(model_path, cfg, seed=seed, trust_remote_code=trust_remote_code)

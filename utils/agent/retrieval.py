@@ -29,6 +29,7 @@ from typing import Callable
 
 from utils.core.io import DataError, read_records, require, write_jsonl
 from utils.core.manifest import atomic_write_json, path_sha256
+from utils.core.registry import Registry
 
 INDEX_FILE, DOCS_FILE = "index.json", "docs.jsonl"
 _WORD = re.compile(r"\w+")
@@ -188,13 +189,11 @@ class DenseRetriever:
         return [self.docs[i] for _, i in hits]
 
 
-RETRIEVERS = {"bm25": BM25Retriever, "dense": DenseRetriever}
+RETRIEVERS = Registry("retriever", {"bm25": BM25Retriever, "dense": DenseRetriever})
 
 
 def _retriever_class(name: str):
-    if name not in RETRIEVERS:
-        raise KeyError(f"unknown retriever '{name}'; valid: {', '.join(sorted(RETRIEVERS))}")
-    return RETRIEVERS[name]
+    return RETRIEVERS.get(name)
 
 
 def build_index(name: str, corpus: Path, out_dir: Path, **opts) -> dict:

@@ -13,11 +13,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-DATASETS = {  # name -> (hub id, config or None, {our split: hub split})
+from utils.core.registry import Registry
+
+DATASETS = Registry("dataset", {  # name -> (hub id, config or None, {our split: hub split})
     "gsm8k": ("openai/gsm8k", "main", {"train": "train", "test": "test"}),
     "finqa": ("ibm-research/finqa", None, {"train": "train", "val": "validation", "test": "test"}),
     "hotpotqa": ("hotpotqa/hotpot_qa", "distractor", {"train": "train", "val": "validation"}),
-}
+})
 
 
 class HubUnreachable(RuntimeError):
@@ -56,7 +58,7 @@ def fetch_model(repo_id: str, dest: Path) -> Path:
 
 def fetch_dataset(name: str, dest: Path) -> Path:
     if name not in DATASETS:
-        raise ValueError(f"unknown dataset '{name}'; valid: {', '.join(sorted(DATASETS))}")
+        raise ValueError(f"unknown dataset '{name}'; valid: {', '.join(DATASETS.names)}")
     check_hub()
     from datasets import load_dataset
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
+from utils.core.registry import Registry
 
 SFT_TRAINER = "05_train_red_grpo"  # every method with an SFT term
 RL_TRAINER = "06_ablate_grpo_only"  # every pure-RL method
@@ -59,7 +60,7 @@ class Method:
         return SFT_TRAINER if self.flags["sft"] else RL_TRAINER
 
 
-METHODS: dict[str, Method] = {m.name: m for m in (
+METHODS: Registry[Method] = Registry("method", {m.name: m for m in (
     Method("red", "GRPO + SFT term weighted by RED (G > 1)"),
     Method("grpo", "GRPO, no SFT term"),
     Method("fixed_sft", "GRPO + constant-weight SFT term (G = 1)"),
@@ -70,7 +71,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("gspo", "GSPO: one clipped ratio per sequence, no SFT term", in_study=False),
     Method("red_paper", "RED as its paper's code has it: expert traces inside the GRPO groups, accuracy-aware "
                         "ratio, entropy-change weight on their advantages; no SFT term, no KL", in_study=False),
-)}
+)})
 STUDY = tuple(m.name for m in METHODS.values() if m.in_study)  # `09_driver.py --method all`
 BASE = "base"  # the bare base model, evaluated by 07
 SFT_WARMUP = "sft_warmup"  # 04's adapter, evaluated by 07
@@ -108,9 +109,9 @@ def method_flags(name: str) -> dict:
 
 def contradictions(alg) -> list[str]:
     """What in an AlgorithmConfig contradicts its `method` label (empty: consistent)."""
-    m = METHODS.get(alg.method)
-    if m is None:
+    if alg.method not in METHODS:
         return [f"unknown method '{alg.method}'"]
+    m = METHODS[alg.method]
     return contradictions_with(alg, m)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from utils.core.config import ConfigError, repo_path, to_dict
+from utils.core.errors import StageError  # noqa: F401 - where the stages' callers import it from
 from utils.core.io import DataError
 from utils.core.lock import HOLDER_ENV, RunLocked
 from utils.core.manifest import MANIFEST_NAME, StageRun, read_manifest
@@ -44,10 +45,6 @@ CONFIG_KEYS: dict[str, tuple[str, ...]] = {
 STAGES = (*CONFIG_KEYS, "08_compare_runs")
 # a full disk or quota, a read-only or forbidden folder: the user's to fix, reported in one line
 DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
-
-
-class StageError(RuntimeError):
-    """A failure the user can act on; printed without a traceback."""
 
 
 def run_dir(cfg: RunConfig) -> Path:

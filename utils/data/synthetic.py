@@ -22,10 +22,6 @@ from utils.data.lookup import generate_lookup
 from utils.core.manifest import atomic_write_json, config_sha256, path_sha256
 from utils.core.schema import DataConfig
 
-SHAPE_KNOBS = ("seed", "min_steps", "max_steps", "ops", "operand_max", "value_max")  # what a problem is
-SIZE_KNOBS = ("n_train", "n_val", "n_test")  # how many were drawn
-
-
 def generate_rows(cfg: DataConfig) -> dict[str, list[dict]]:
     sizes = {"train": cfg.n_train, "val": cfg.n_val, "test": cfg.n_test}
     for split, n in sizes.items():
@@ -79,14 +75,3 @@ def write_dataset(cfg: DataConfig, out_dir: Path) -> dict:
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)
     return manifest
-
-
-def stale_knobs(cfg: DataConfig, out_dir: Path, knobs: tuple[str, ...]) -> list[str]:
-    """Generator `knobs` on which the files in `out_dir` (per their manifest.json) differ from `cfg`,
-    e.g. after a config change without re-running `bash download.sh`. No manifest: nothing to compare."""
-    path = out_dir / "manifest.json"
-    if not path.is_file():
-        return []
-    made = json.loads(path.read_text()).get("config", {})
-    return [f"{k}: files have {made.get(k)!r}, config has {getattr(cfg, k)!r}" for k in knobs
-            if made.get(k) != getattr(cfg, k)]

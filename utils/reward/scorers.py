@@ -25,6 +25,7 @@ from typing import Callable
 
 from utils.agent.protocol import MAX_PARSED_CHARS as MAX_SCORED_CHARS
 from utils.core.schema import RewardConfig
+from utils.core.registry import Registry
 
 # ---------------------------------------------------------------- normalisation and parsing
 
@@ -111,9 +112,9 @@ def score_numeric(pred: str, golds: list[str], rel_tol: float = 1e-4) -> Scored:
     return 0.0, {"pred_number": value, "matched": None}
 
 
-SCORERS: dict[str, Callable[..., Scored]] = {
+SCORERS: Registry[Callable[..., Scored]] = Registry("scorer", {
     "em": score_em, "f1": score_f1, "cem": score_cem, "numeric": score_numeric,
-}
+})
 
 
 def is_correct(score: float) -> bool:
@@ -123,9 +124,7 @@ def is_correct(score: float) -> bool:
 
 
 def get_scorer(name: str) -> Callable[..., Scored]:
-    if name not in SCORERS:
-        raise KeyError(f"unknown scorer '{name}'; valid: {', '.join(sorted(SCORERS))}")
-    return SCORERS[name]
+    return SCORERS.get(name)
 
 
 def gold_parseable(scorer: str, answer: str) -> bool:

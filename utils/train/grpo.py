@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from utils.agent.episode import Episode, episode_sequences
+from utils.agent.episode import Episode, Example, episode_sequences
 from utils.agent.protocol import PLANNER
 from utils.core.schema import TRAIN_ROLES, MemoryConfig
 from utils.core.tensors import pad
@@ -74,6 +74,18 @@ def _token_advantages(ep: Episode, ex, adv: float, bonus: list[float]) -> list[f
     return out
 
 
+@dataclass
+class _Sequence:
+    """One trained sequence on its way into an RlBatch: the example, its advantage, its group's
+    accuracy (expert sequences of red_paper only; None for rollouts), its per-token advantages
+    (process rewards) and the episode (or expert trace) it came from."""
+    ex: Example
+    adv: float
+    accuracy: float | None
+    token_adv: list[float] | None
+    episode: int
+
+
 def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int, roles: str = "both",
                    offline: list[tuple] = (), turn_bonus: list[list[float]] | None = None) -> RlBatch | None:
     """Every trained sequence of the episodes (utils/agent/episode.py) whose role `roles` selects
@@ -85,21 +97,21 @@ def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int, role
     if roles not in TRAIN_ROLES:
         raise ValueError(f"roles must be {', '.join(TRAIN_ROLES[:-1])} or {TRAIN_ROLES[-1]}, got {roles!r}")
     bonus = turn_bonus or [[] for _ in episodes]
-    seqs = [(ex, a, None, _token_advantages(ep, ex, a, b) if turn_bonus is not None else None, i)
+    seqs = [_Sequence(ex, a, None, _token_advantages(ep, ex, a, b) if turn_bonus is not None else None, i)
             for i, (ep, a, b) in enumerate(zip(episodes, adv.tolist(), bonus)) for ex in episode_sequences(ep)]
-    seqs += [(ex, a, acc, [a] * len(ex.ids), len(episodes) + j) for j, (ex, a, acc) in enumerate(offline)]
-    seqs = [s for s in seqs if sum(s[0].mask) and roles in ("both", s[0].role)]
+    seqs += [_Sequence(ex, a, acc, [a] * len(ex.ids), len(episodes) + j) for j, (ex, a, acc) in enumerate(offline)]
+    seqs = [s for s in seqs if sum(s.ex.mask) and roles in ("both", s.ex.role)]
     if not seqs:
         return None
-    ids, attn = pad([s[0].ids for s in seqs], pad_id, torch.long)
-    mask, _ = pad([s[0].mask for s in seqs], 0, torch.float)
-    sampled = all(s[0].logprobs is not None for s in seqs if s[2] is None)  # rollout sequences only
-    lp = pad([s[0].logprobs or [0.0] * len(s[0].ids) for s in seqs], 0.0, torch.float)[0] if sampled else None
-    token_adv = pad([s[3] for s in seqs], 0.0, torch.float)[0][:, 1:] if turn_bonus is not None else None
+    ids, attn = pad([s.ex.ids for s in seqs], pad_id, torch.long)
+    mask, _ = pad([s.ex.mask for s in seqs], 0, torch.float)
+    sampled = all(s.ex.logprobs is not None for s in seqs if s.accuracy is None)  # rollout sequences only
+    lp = pad([s.ex.logprobs or [0.0] * len(s.ex.ids) for s in seqs], 0.0, torch.float)[0] if sampled else None
+    token_adv = pad([s.token_adv for s in seqs], 0.0, torch.float)[0][:, 1:] if turn_bonus is not None else None
     # position t of ids is predicted from position t-1: shift the token-aligned mask and log-probs
-    return RlBatch(ids, attn, mask[:, 1:], lp[:, 1:] if lp is not None else None, torch.tensor([s[1] for s in seqs]),
-                   [s[0].role for s in seqs], torch.tensor([s[2] is not None for s in seqs]),
-                   torch.tensor([s[2] or 0.0 for s in seqs]), token_adv, torch.tensor([s[4] for s in seqs]))
+    return RlBatch(ids, attn, mask[:, 1:], lp[:, 1:] if lp is not None else None, torch.tensor([s.adv for s in seqs]),
+                   [s.ex.role for s in seqs], torch.tensor([s.accuracy is not None for s in seqs]),
+                   torch.tensor([s.accuracy or 0.0 for s in seqs]), token_adv, torch.tensor([s.episode for s in seqs]))
 
 
 def minibatch_rows(batch: RlBatch, parts: int) -> list[torch.Tensor]:

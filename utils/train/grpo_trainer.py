@@ -32,7 +32,7 @@ import torch
 from utils.agent.episode import dump_episodes
 from utils.agent.rollout import Rollout
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
-from utils.core.stages import StageError
+from utils.core.errors import StageError
 from utils.core.stream import Cursor, rl_question_key, take
 from utils.reward.spec import score_episodes
 from utils.train.guard import SkipStreak, finish_step

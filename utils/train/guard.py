@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from utils.core.stages import StageError
+from utils.core.errors import StageError
 from utils.train.world import SOLO, World
 
 

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import types
 
+from utils.core.registry import Registry
+
 
 def fast_path(layer, x, args: tuple, kwargs: dict) -> str | None:
     """The active adapter's name when `layer`'s forward on `x` may take the fused path, else None."""
@@ -85,7 +87,7 @@ def folded_forward(self, x, *args, **kwargs):
     return F.linear(x, weight, base.bias)
 
 
-FORWARDS = {"fused": fast_forward, "folded": folded_forward}  # model.lora.forward (utils/core/choices.py)
+FORWARDS = Registry("LoRA forward", {"fused": fast_forward, "folded": folded_forward})  # model.lora.forward (utils/core/choices.py)
 
 
 def install_fast_lora(model, forward: str = "fused") -> int:
@@ -96,7 +98,7 @@ def install_fast_lora(model, forward: str = "fused") -> int:
     count = 0
     for module in model.modules():
         if type(module) is LoraLinear:  # subclasses (quantised layers) keep their own forward
-            module.forward = types.MethodType(FORWARDS[forward], module)
+            module.forward = types.MethodType(FORWARDS.get(forward), module)
             count += 1
     return count
 

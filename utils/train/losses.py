@@ -45,6 +45,7 @@ from typing import Callable
 
 import torch
 
+from utils.core.registry import Registry
 from utils.core.schema import OFFLINE_SHIFTS
 
 EPS = 1e-6
@@ -90,8 +91,8 @@ def adv_rloo(rewards: torch.Tensor, group_size: int, eps: float = EPS) -> torch.
     return (g - others).view(-1)
 
 
-ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {"group": adv_group, "batch": adv_batch, "none": adv_none,
-                                                      "rloo": adv_rloo}
+ADVANTAGES: Registry[Callable[..., torch.Tensor]] = Registry("advantage scaling", {
+    "group": adv_group, "batch": adv_batch, "none": adv_none, "rloo": adv_rloo})
 
 # ---------------------------------------------------------------- aggregation
 
@@ -146,27 +147,21 @@ def agg_seq_mean_token_sum_norm(x: torch.Tensor, mask: torch.Tensor, episode=Non
     return (sums / horizon).mean() if len(sums) else x.sum() * 0
 
 
-AGGREGATIONS: dict[str, Callable[..., torch.Tensor]] = {
+AGGREGATIONS: Registry[Callable[..., torch.Tensor]] = Registry("loss aggregation", {
     "token-mean": agg_token_mean,
     "seq-mean-token-mean": agg_seq_mean_token_mean,
     "seq-mean-token-sum-norm": agg_seq_mean_token_sum_norm,
-}
-
-
-def get(registry: dict, name: str, what: str):
-    if name not in registry:
-        raise KeyError(f"unknown {what} '{name}'; valid: {', '.join(sorted(registry))}")
-    return registry[name]
+})
 
 
 def advantages(name: str, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    return get(ADVANTAGES, name, "advantage scaling")(rewards, group_size)
+    return ADVANTAGES.get(name)(rewards, group_size)
 
 
 def aggregate(agg: "str | Agg", x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """`agg` by name (every row its own episode, no horizon) or as an `Agg`."""
     agg = Agg(agg) if isinstance(agg, str) else agg
-    whole = get(AGGREGATIONS, agg.name, "loss aggregation")
+    whole = AGGREGATIONS.get(agg.name)
     if agg.total is not None:  # token-mean's share: this piece's token sum over the whole batch's count
         return (x * mask).sum() / agg.total
     if agg.row_weight is not None:  # a seq-mean mode's share
@@ -247,10 +242,10 @@ def tis_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.
 
 
 # name -> (loss function, the level its importance weights act at)
-POLICY_LOSSES: dict[str, tuple[Callable[..., tuple[torch.Tensor, dict]], str]] = {
+POLICY_LOSSES: Registry[tuple[Callable[..., tuple[torch.Tensor, dict]], str]] = Registry("policy loss", {
     "ppo_clip": (ppo_clip_loss, "token"),
     "gspo": (gspo_loss, "sequence"),
-}
+})
 
 
 def policy_loss(name: str, logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
@@ -258,7 +253,7 @@ def policy_loss(name: str, logp: torch.Tensor, old_logp: torch.Tensor, adv: torc
                 tis_cap: float = 0.0) -> tuple[torch.Tensor, dict]:
     """The registered policy loss `name`, with truncated importance sampling against the sampler's
     log-probs when tis_cap > 0 (stats gain "tis_weight_mean" and "tis_clip_frac", over trained tokens)."""
-    fn, level = get(POLICY_LOSSES, name, "policy loss")
+    fn, level = POLICY_LOSSES.get(name)
     weight, stats = None, {}
     if tis_cap > 0:
         if sampler_logp is None:

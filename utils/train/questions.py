@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from utils.core.stages import StageError
+from utils.core.errors import StageError
 
 
 def gold_length(row: dict) -> int | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 
-from utils.core.stages import StageError
+from utils.core.errors import StageError
 from utils.reward.spec import score_episodes
 from utils.train.grpo import batch_accuracy
 
