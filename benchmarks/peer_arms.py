@@ -178,6 +178,26 @@ def _grpo_config(trl, args, cfg, work: Path, vllm: bool):
     return targs
 
 
+def sync_through_reload(generation) -> None:
+    """TRL's colocated weight sync, pushed through vLLM 0.32's in-place reload instead of load_weights.
+
+    TRL 1.16 writes each merged tensor with the vLLM model's `load_weights`, one at a time. vLLM 0.32's
+    CPU build hands a linear layer's weight to a oneDNN kernel after loading and leaves a bare Parameter
+    behind, so on a box where that kernel is built (the AVX-512 boxes) the first sync fails with
+    "'Parameter' object has no attribute 'weight_loader'". The model runner's `reload_weights` is vLLM's
+    path for new weights: it restores each layer's checkpoint form, loads, and repacks. The tensors are
+    TRL's own (`_iter_named_params`: the adapter merged, PEFT's names mapped to vLLM's), in one call; it
+    is the call our merged serving makes (utils/agent/engines.py), whose test checks vLLM's output after it.
+    """
+    runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
+
+    def sync():
+        runner.reload_weights(weights_iterator=generation._iter_named_params(), is_checkpoint_format=True)
+        generation.llm.reset_prefix_cache()
+
+    generation.sync_weights = sync
+
+
 def grpo_trl(args, cfg, base: Path, work: Path) -> list[dict]:
     import torch
     from datasets import Dataset
@@ -208,6 +228,7 @@ def grpo_trl(args, cfg, base: Path, work: Path) -> list[dict]:
     # the step's parts: rollout and scoring (with the weight sync inside it), the loss's forward
     phases.wrap(trainer, "_generate_and_score_completions", "rollout+scoring")
     if vllm:
+        sync_through_reload(trainer.vllm_generation)
         phases.wrap(trainer.vllm_generation, "sync_weights", "weight_sync (in rollout)")
     phases.wrap(trainer, "_compute_loss", "loss forward")
     shapes: list[int] = []

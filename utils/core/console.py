@@ -32,6 +32,8 @@ HARMLESS = tuple(re.compile(p) for p in (
     _VLLM + r"CPU backend doesn't allow to use `torch\.set_num_threads`",  # vllm_compat.in_process keeps the count
     _VLLM + r"RotaryEmbedding: Failed to load weights",  # its buffers are computed, not loaded
     _VLLM + r"Passing raw prompts to InputProcessor is deprecated",  # utils/agent/engines.py passes token ids
+    # a CPU with AVX-512 BF16: the state cache of Mamba layers, which a Llama has none of
+    _VLLM + r"Reset SSM cache type to float32 for accelerated GDN mamba backend",
     # its CPU worker's own variable, set in the process by a first in-process engine, seen by a second
     _VLLM + r"Unknown vLLM environment variable detected: VLLM_DIST_IDENT",
     r"Triton is installed, but doesn't include CPU backend",  # vLLM's import on a CPU
