@@ -16,77 +16,16 @@ protocol and templates the rollouts use. Also writes stats.json.
 """
 import sys
 
-from tqdm import tqdm
-
-from utils.agent.retrieval import render_information, run_retriever
-from utils.agent.rollout import Codec, Rollout, RolloutSpec
-from utils.agent.traces import (ThinkStyle, examples_from_trace, flaw_by_length, skipped_stats, trace_from_episode,
-                                trace_from_row, trace_record, trace_stats)
+from utils.agent.rollout import Codec
+from utils.agent.traces import skipped_stats, trace_record, trace_stats
 from utils.core.cli import parse_stage_args
 from utils.core.io import read_jsonl, write_jsonl
 from utils.core.manifest import StageRun, atomic_write_json
 from utils.core.models import load_tokenizer
-from utils.core.config import repo_path
 from utils.core.stages import StageError, model_dir, output_path, parent, run_main, stage_config, stage_dir
-from utils.reward.spec import read_spec, score_answer
+from utils.data.trace_sources import TRACE_SOURCES, TraceJob
 
 STAGE = "03_generate_sft_traces"
-
-
-def _teacher(cfg, rows, spec, codec, wanted):
-    from utils.agent.engines import make_engine
-
-    path = model_dir(cfg, cfg.traces.teacher_path or None)
-    engine = make_engine(cfg.model.engine.name, path, cfg.model.engine, cfg.seed, cfg.model.trust_remote_code)
-    engine.set_adapter(repo_path(cfg.traces.teacher_adapter) if cfg.traces.teacher_adapter else None)
-    ro = Rollout(engine, codec, RolloutSpec.from_config(cfg, cfg.traces.teacher_temperature), run_retriever(cfg))
-    kept, sampled, size = [], 0, cfg.traces.teacher_batch
-    usable = _LengthFilter(cfg)
-    for start in tqdm(range(0, len(rows), size), desc="teacher rollouts", unit="batch"):
-        if len(kept) >= wanted:
-            break
-        chunk = rows[start:start + size]
-        episodes = ro.run(chunk, n=cfg.traces.teacher_samples, seed=cfg.seed, step=start)
-        sampled += len(episodes)
-        done = set()
-        for ep in episodes:  # keep the first correct episode per question whose answer holds no tag fragment
-            _, comps = score_answer(spec, ep.question, ep.final_answer, ep.golds, ep.format_score, 0)
-            clean = "<" not in (ep.final_answer or "")  # `<answer>56</answer</answer>` scores 56 but teaches junk
-            if ep.status == "answered" and comps["answer"] == 1.0 and clean and ep.qid not in done:
-                trace, examples = trace_from_episode(ep)
-                if usable(trace):
-                    done.add(ep.qid)
-                    kept.append((trace, examples))
-    engine.close()
-    return kept, sampled
-
-
-def _gold_search(cfg, run):
-    """query -> (information text, passage ids) on 01's index, for lookup steps; None without the tool."""
-    retriever = run_retriever(cfg, run)
-    if retriever is None:
-        return None
-
-    def search(query: str) -> tuple[str, list[str]]:
-        passages = retriever.search(query, cfg.agent.tool.top_k)
-        return render_information(cfg.agent.tool.information, passages), [p.id for p in passages]
-    return search
-
-
-class _LengthFilter:
-    """traces.max_subtasks keeps traces with that many subtasks or fewer (0 = all), plus the first
-    traces.long_traces longer ones it is shown."""
-
-    def __init__(self, cfg):
-        self.cap, self.long_left = cfg.traces.max_subtasks, cfg.traces.long_traces
-
-    def __call__(self, trace) -> bool:
-        if not self.cap or len(trace.executor_calls) <= self.cap:
-            return True
-        if self.long_left > 0:
-            self.long_left -= 1
-            return True
-        return False
 
 
 def main(argv=None) -> int:
@@ -102,21 +41,8 @@ def main(argv=None) -> int:
         wanted = cfg.traces.max_traces or len(rows)
         codec = Codec(load_tokenizer(model_dir(cfg), cfg.model.trust_remote_code), cfg.model.templates)
         source = cfg.traces.source
-        if source == "teacher":
-            pairs, sampled = _teacher(cfg, rows, read_spec(rewards_dir / "reward_spec.yaml"), codec, wanted)
-        else:  # gold | solution: the config accepts no other source
-            pairs, usable, sampled = [], _LengthFilter(cfg), 0
-            search, style = _gold_search(cfg, run), ThinkStyle.from_config(cfg)
-            per_question = cfg.traces.flaw_rate if cfg.traces.flaw_draw == "question" else 0.0
-            for row in rows:
-                trace, why = trace_from_row(row, source, search, style, per_question, cfg.seed)
-                if trace is None:
-                    skipped.append((row["id"], why))
-                elif usable(trace):
-                    pairs.append((trace, examples_from_trace(trace, codec, row.get("context"))))
-            if source == "gold" and cfg.traces.flaw_draw == "length":
-                pairs = flaw_by_length(pairs[:wanted], {r["id"]: r for r in rows}, cfg.traces.flaw_rate, cfg.seed,
-                                       lambda row: trace_from_row(row, "gold", search, style, 1.0, cfg.seed)[0], codec)
+        job = TraceJob(cfg, run, rows, codec, wanted, rewards_dir, skipped)
+        pairs, sampled = TRACE_SOURCES.get(source)(job)
         accepted = len(pairs) if sampled else 0  # before the cap: the teacher's acceptance rate
         pairs = pairs[:wanted]
         if not pairs:

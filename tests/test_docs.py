@@ -212,13 +212,13 @@ def test_the_command_finder_reads_code_blocks_only():
 
 
 EXTENDING = ROOT / "docs" / "EXTENDING.md"
-MIRRORED = re.compile(r"#\s*(utils/[\w/]+\.py) ([A-Z][A-Z_]+)\b")  # choices.py's "# path REGISTRY" comments
+READ = re.compile(r'registry_names\("(utils/[\w/]+\.py)", "([A-Z][A-Z_]+)"\)')  # the registries choices.py reads
 
 
 def _registries() -> dict[str, str]:
-    """Every registry EXTENDING.md must name: those utils/core/choices.py mirrors (from its comments),
-    the method registry and the hub's datasets."""
-    found = {name: path for path, name in MIRRORED.findall((ROOT / "utils" / "core" / "choices.py").read_text())}
+    """Every registry EXTENDING.md must name: those utils/core/choices.py reads the names of, the
+    method registry and the hub's datasets."""
+    found = {name: path for path, name in READ.findall((ROOT / "utils" / "core" / "choices.py").read_text())}
     return {**found, "METHODS": "utils/core/methods.py", "DATASETS": "utils/core/hub.py",
             "ADAPTERS": "utils/data/adapters.py", "AGGREGATIONS": "utils/train/losses.py"}
 
@@ -230,7 +230,7 @@ def test_extending_names_every_registry_in_the_file_that_defines_it():
 
     text = EXTENDING.read_text()
     registries = _registries()
-    assert {"ENGINES", "SCORERS", "ADVANTAGES", "POLICY_LOSSES", "RETRIEVERS"} <= set(registries)
+    assert {"ENGINES", "SCORERS", "ADVANTAGES", "POLICY_LOSSES", "RETRIEVERS", "TRACE_SOURCES"} <= set(registries)
     for name, path in registries.items():
         module = importlib.import_module(path[:-3].replace("/", "."))
         assert isinstance(getattr(module, name, None), Registry), f"{path} has no Registry {name}"

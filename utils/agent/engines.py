@@ -288,7 +288,7 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-ENGINES = Registry("engine", {"hf": HFEngine, "vllm": VLLMEngine, "openai": OpenAIEngine})
+ENGINES = Registry("engine", {"vllm": VLLMEngine, "hf": HFEngine, "openai": OpenAIEngine})
 
 
 def empty_prefix_cache(engine) -> None:

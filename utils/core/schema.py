@@ -4,8 +4,8 @@ Each field's `help` is what `--help-config` prints. Stages add fields here, neve
 their scripts. Fields with a fixed set of values list them (`choices`), so a typo fails when the
 config is parsed, naming the valid values, not at RL step 1. utils/core/loader.py assembles a
 RunConfig from the tiers, the regime and the overrides.
-The value sets of `choices` live in utils/core/choices.py (most mirror a registry in a higher
-layer, and tests/test_config.py checks that the two lists agree); they are importable from here too.
+The value sets of `choices` live in utils/core/choices.py (most read from a registry's source in a
+higher layer, without importing it); they are importable from here too.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from utils.core.choices import (DTYPES, ENGINE_NAMES, LORA_SERVING, LORA_FORWARDS, LOSS_AGGS, ADV_SCALINGS, POLICY_LOSS_NAMES,
                                 SCORER_NAMES, ADAPTER_NAMES, RETRIEVER_NAMES, TRAIN_ROLES, INDEPENDENCE_REFS,
-                                OFFLINE_SHIFTS, THINKING_MODES, LEAKAGE_POLICIES, PRIMARY_METRICS, REFILLS)
+                                OFFLINE_SHIFTS, THINKING_MODES, LEAKAGE_POLICIES, PRIMARY_METRICS, REFILLS,
+                                TRACE_SOURCE_NAMES)
 from utils.core.config import CONFIG_DIR, MOVED, field
 
 # a method is its config file (utils/core/methods.py): the names are the files' stems, not a copy
@@ -256,7 +257,7 @@ class DataConfig:
 class TracesConfig:
     source: str = field("gold", "SFT trace source: gold (the task's decomposition), solution (worked solution "
                                 "lines) or teacher (rejection-sampled episodes of a teacher model).",
-                        ("gold", "solution", "teacher"))
+                        TRACE_SOURCE_NAMES)
     max_traces: int = field(0, "Cap on traces written, in train order (0 = one per usable training row).", minimum=0)
     max_subtasks: int = field(0, "Keep only traces with at most this many subtasks (0 = all lengths).", minimum=0)
     long_traces: int = field(0, "With max_subtasks: also keep this many longer ones, first in train order.", minimum=0)
