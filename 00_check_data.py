@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     cfg, _ = parse_stage_args(__doc__, argv)
     out = stage_dir(cfg, STAGE)
     root = repo_path(cfg.data.path)
-    with StageRun(STAGE, out, stage_config(cfg, STAGE), cfg.seed) as run:
+    with StageRun(STAGE, out, stage_config(cfg, STAGE)) as run:  # no run seed: nothing here is drawn
         run.warnings.extend(get_adapter(cfg.data.name).file_warnings(cfg.data, root))  # the generated ones' knobs
         rep = check_dataset(cfg.data.name, root, cfg.data.scorer)
         for path in rep.files.values():

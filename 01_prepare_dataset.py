@@ -74,17 +74,19 @@ def _build_index(cfg, run, out, corpus) -> None:
 def main(argv=None) -> int:
     cfg, _ = parse_stage_args(__doc__, argv)
     out = stage_dir(cfg, STAGE)
-    with StageRun(STAGE, out, stage_config(cfg, STAGE), cfg.seed) as run:
+    with StageRun(STAGE, out, stage_config(cfg, STAGE)) as run:  # no run seed: nothing here is drawn
         _, checked = parent(run, cfg, "00_check_data")
         for path in checked["inputs"]:
             run.add_input(repo_path(path))
-        corpus = repo_path(cfg.data.path) / cfg.agent.tool.corpus
+        tool = cfg.agent.tool if cfg.agent.tool.retriever != "none" else None  # its settings unread without it
         try:
             splits, stats = prepare_splits(_load_checked_raw(cfg, checked), cfg.data)
-            if cfg.agent.tool.retriever != "none" and cfg.agent.tool.corpus == CONTEXT_CORPUS:
+            if tool and tool.corpus == CONTEXT_CORPUS:
                 corpus = out / "corpus.jsonl"
                 write_jsonl(corpus, context_to_corpus(splits))
                 run.add_output(corpus)
+            elif tool:
+                corpus = repo_path(cfg.data.path) / tool.corpus
         except PrepareError as exc:
             raise StageError(str(exc)) from None
         tok = load_tokenizer(model_dir(cfg), cfg.model.trust_remote_code)
@@ -98,7 +100,7 @@ def main(argv=None) -> int:
             run.add_output(out / f"{split}.jsonl")
             run.metrics[f"rows_{split}"] = len(rows)
         run.metrics.update(stats)
-        if cfg.agent.tool.retriever != "none":
+        if tool:
             _build_index(cfg, run, out, corpus)
     print(f"{STAGE}: wrote " + ", ".join(f"{s} {len(r)}" for s, r in splits.items()) + f" -> {out}")
     return 0

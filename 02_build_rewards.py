@@ -34,7 +34,7 @@ def _check_golds(spec, prepared) -> int:
 def main(argv=None) -> int:
     cfg, _ = parse_stage_args(__doc__, argv)
     out = stage_dir(cfg, STAGE)
-    with StageRun(STAGE, out, stage_config(cfg, STAGE), cfg.seed) as run:
+    with StageRun(STAGE, out, stage_config(cfg, STAGE)) as run:  # no run seed: nothing here is drawn
         _, prepared = parent(run, cfg, "01_prepare_dataset")
         spec = spec_from_config(cfg)
         if spec.judge.enabled:

@@ -55,11 +55,12 @@ class RolloutSpec:
 
     @classmethod
     def from_config(cls, cfg: RunConfig, temperature: float) -> "RolloutSpec":
-        """The run's rollout settings (turns, budgets, context length, tool) at `temperature` (0 = greedy)."""
+        """The run's rollout settings (turns, budgets, context length, tool) at `temperature` (0 = greedy).
+        Without the tool its settings are not read: the manifests leave them out then (stage_config)."""
         a, t = cfg.agent, cfg.agent.tool
+        tool = dict(top_k=t.top_k, max_searches=t.max_searches, information=t.information) if t.retriever != "none" else {}
         return cls(a.max_turns, a.max_new_tokens_planner, a.max_new_tokens_executor,
-                   temperature, max_model_len=cfg.model.engine.max_model_len, top_k=t.top_k,
-                   max_searches=t.max_searches, information=t.information)
+                   temperature, max_model_len=cfg.model.engine.max_model_len, **tool)
 
 
 class Codec:
