@@ -81,7 +81,7 @@ def grpo_ours(args, cfg, base: Path, work: Path) -> list[dict]:
         t0 = time.perf_counter()
         metrics = trainer.step()
         seconds = time.perf_counter() - t0
-        episodes = trainer.last_rollout[1]
+        episodes = trainer.last_rollout.episodes
         segments = [s for ep in episodes for s in ep.segments]
         lengths = [len(s.context_ids) + len(s.gen_ids) for s in segments]
         out.append({"seconds": seconds, "generated": sum(len(s.gen_ids) for s in segments),

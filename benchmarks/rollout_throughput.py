@@ -6,10 +6,8 @@ The workload is 05's rollout under the run config (`load_run_config` with the `-
 the main command's): `algorithm.rl.questions_per_step` questions × `n_samples` from the RL question
 stream of the default data's train split (the regime's band of gold lengths, stratified as 05 draws
 them), its turn limit, token budgets and temperature, and dynamic sampling's refill rounds, all
-through the trainer's own `GrpoTrainer._rollouts`, with the model config's engine settings
-(`model.engine`; only its name changes between the arms). An earlier version rolled out 32
-short-chain test questions at temperature 1 with the engine schema's defaults, which is not the
-stage's work: on an AVX2 box it read vLLM at half HF's rate where the stage ran vLLM 1.7x faster.
+through the trainer's own sampler (`GrpoTrainer.sampler`, utils/train/sampler.py), with the model
+config's engine settings (`model.engine`; only its name changes between the arms).
 
 Without `--adapter` it first trains a protocol-following LoRA adapter on gold traces (about a
 minute, utils/tinyarith/quick.py), so episodes run several turns as they do in training; the main
@@ -80,10 +78,10 @@ def engine_steps(name: str, cfg, adapter: Path, rows: list[dict], rounds: int, w
         questions = trainer.next_questions(cfg.algorithm.rl.questions_per_step)
         generated.clear()
         t0 = time.perf_counter()
-        _, episodes, _, sampling = trainer._rollouts(questions, 0)
+        batch = trainer.sampler().sample(questions, step, 0)
         seconds = time.perf_counter() - t0
-        out.append({"seconds": seconds, "tokens": sum(generated), "kept_episodes": len(episodes),
-                    "rounds": sampling.get("train/sampling_rounds", 1)})
+        out.append({"seconds": seconds, "tokens": sum(generated), "kept_episodes": len(batch.episodes),
+                    "rounds": batch.metrics.get("train/sampling_rounds", 1)})
     engine.close()
     return out[1:]
 

@@ -107,7 +107,7 @@ def replay_rollouts(trainer, cfg) -> tuple[tuple, tuple, tuple]:
     """(tokens, seconds) of the last step's questions on vLLM's agent rollout, on HF's, and of one
     raw vLLM call generating as many tokens, all with the policy the steps ended with and the last
     step's rollout settings (sampler log-probs or not: algorithm.rl.mismatch_every)."""
-    rows, _ = trainer.last_rollout
+    rows = trainer.last_rollout.rows
     agent = {}
     for name in ("vllm", "hf"):
         engine = trainer.engine if name == "vllm" else make_engine("hf", model_dir(cfg), cfg.model.engine, cfg.seed)
@@ -130,7 +130,7 @@ def replay_update(trainer, cfg) -> tuple[int, float, float]:
     the trainer's update runs both that many times."""
     import torch
 
-    _, episodes = trainer.last_rollout
+    episodes = trainer.last_rollout.episodes
     batch = build_rl_batch(episodes, torch.zeros(len(episodes)), trainer.pad_id)
     sft = sft_batch(trainer._sft_examples(), trainer.pad_id) if cfg.algorithm.sft.enabled else None
     padded = ([(batch.ids, batch.attn)] + ([(sft[0], sft[1])] if sft is not None else [])) * cfg.algorithm.rl.ppo_epochs

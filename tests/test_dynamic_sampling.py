@@ -60,7 +60,7 @@ def test_dropped_groups_are_refilled_up_to_the_cap(hf_base, base_dir, tmp_path, 
     start = copy.deepcopy(trainer.state.questions)
     assert len(seen) > 4  # the first batch alone does not fill it: something was dropped
     metrics = trainer.step()
-    rows, episodes = trainer.last_rollout
+    rows, episodes = trainer.last_rollout.rows, trainer.last_rollout.episodes
     assert [r["id"] for r in rows] == [q["id"] for q in kept]  # only groups with a signal, in stream order
     assert metrics["train/kept_groups"] == len(kept) and metrics["train/sampling_rounds"] == used <= rounds + 1
     assert 0 < metrics["time/rollout_refill"] < metrics["time/rollout"]  # the extra rounds, inside the rollout
@@ -104,7 +104,7 @@ def test_an_expert_gives_its_group_a_signal_under_red_paper(hf_base, base_dir, t
     experts = {r["question"] for r in trainer.rows[::3]}
     kept, seen, used = _expected(trainer, 3, experts)
     metrics = trainer.step()
-    rows, _ = trainer.last_rollout
+    rows = trainer.last_rollout.rows
     assert [r["id"] for r in rows] == [q["id"] for q in kept] and len(kept) == 4
     assert metrics["train/dropped_groups"] == len(seen) - 4 > 0 and metrics["train/sampling_rounds"] == used
     assert metrics["red_paper/offline_groups"] == 4 and metrics["train/accuracy"] == 0.0  # rollouts only
@@ -118,3 +118,34 @@ def test_dynamic_sampling_is_refused_on_several_ranks(tmp_path):
                                          r"set algorithm.rl.dynamic_sampling=0"):
         GrpoTrainer(_cfg(2), torch.nn.Linear(1, 1), None, None, None, [], [], 0, tmp_path, None, "sha",
                     world=World(rank=0, size=2))
+
+
+@pytest.mark.parametrize("refill", ["rounds", "pipelined"])
+def test_the_sampler_needs_no_trainer_only_a_rollout_a_spec_and_a_question_stream(hf_base, base_dir, refill):
+    """utils/train/sampler.py's seam: DynamicSampler built from the rollout, the reward spec and a
+    stream function, with no policy model or trainer, keeps the groups with a signal in stream
+    order and draws from the stream exactly the questions it rolled out."""
+    from utils.agent.rollout import Codec, Rollout, RolloutSpec
+    from utils.core.stream import Cursor
+    from utils.reward.spec import RewardSpec
+    from utils.tinyarith.quick import short_chain_rows
+    from utils.train.sampler import DynamicSampler
+
+    cfg = _cfg(3, refill)
+    rows = short_chain_rows(40)
+    mixed = {r["question"] for i, r in enumerate(rows) if i % 3 == 0}
+    codec = Codec(AutoTokenizer.from_pretrained(base_dir), cfg.model.templates)
+    rollout = Rollout(_engine(hf_base, base_dir, rows, mixed), codec, RolloutSpec.from_config(cfg, 1.0))
+    cursor, drawn = Cursor(), []
+
+    def stream(k: int) -> list[dict]:
+        batch = take(rows, k, rl_question_key(cfg.seed), cursor)
+        drawn.extend(batch)
+        return batch
+
+    sampler = DynamicSampler(rollout, RewardSpec(), stream, cfg.algorithm.rl, cfg.seed)
+    batch = sampler.sample(stream(4), step=0, first=0)
+    assert [r["id"] for r in batch.rows] == [q["id"] for q in drawn if q["question"] in mixed][:4]
+    assert len(batch.episodes) == len(batch.scored) == 4 * len(batch.rows)
+    assert batch.metrics["train/kept_groups"] + batch.metrics["train/dropped_groups"] == len(drawn) > 4
+    assert batch.accuracy == pytest.approx(sum(q["question"] in mixed for q in drawn) / (4 * len(drawn)))

@@ -137,7 +137,7 @@ def test_the_trainer_adds_verified_step_rewards(hf_engine, protocol_adapter, tmp
     (m,) = trainer.train()
     assert 0.0 <= m["process/step_reward_mean"] <= 1.0 and m["process/steps_per_episode"] > 0
     assert m["train/skipped_nonfinite"] == 0 and math.isfinite(m["actor/pg_loss"])
-    rows, episodes = trainer.last_rollout
+    rows, episodes = trainer.last_rollout.rows, trainer.last_rollout.episodes
     steps = [verifier_rewards(ep, rows[i // 3]) for i, ep in enumerate(episodes)]
     scored = [r for ep in steps for r in ep if r is not None]
     assert scored, "no delegated step was verified"  # 107 of 120 sampled episodes delegate (AVX-512 box)

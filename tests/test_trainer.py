@@ -117,13 +117,13 @@ def test_a_pipelined_refill_runs_on_the_real_engine(vllm_engine, protocol_adapte
     than one sampling round, the refill's time inside the rollout's), the batch holds at most
     questions_per_step groups, and the policy trains. That it draws the same questions as rounds is
     checked on a rule engine (tests/test_dynamic_sampling.py): on vLLM the two need not sample the
-    same tokens (utils/train/refill.py)."""
+    same tokens (utils/train/sampler.py)."""
     cfg = _cfg("algorithm.rl.temperature=0.7", "algorithm.rl.dynamic_sampling=2", "algorithm.rl.lr=0.0003",
                "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=8", "algorithm.rl.refill=pipelined")
     trainer = make_trainer(cfg, vllm_engine, protocol_adapter, tmp_path, base_dir)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     (m,) = trainer.train()
-    rows, episodes = trainer.last_rollout
+    rows, episodes = trainer.last_rollout.rows, trainer.last_rollout.episodes
     assert m["train/sampling_rounds"] > 1 and 0 < m["time/rollout_refill"] < m["time/rollout"], m
     assert len(rows) == m["train/kept_groups"] <= 8 and len(episodes) == 4 * len(rows)
     assert m["train/dropped_groups"] > 0 and len({r["id"] for r in rows}) == len(rows)

@@ -157,7 +157,7 @@ class RlConfig:
                                   "draws as many questions as groups were dropped; pipelined starts each "
                                   "replacement as soon as its dropped group ends, the same questions with the "
                                   "same seeds, but sharing engine steps with other episodes, so on vLLM not "
-                                  "the same training bit for bit (utils/train/refill.py, docs/PERFORMANCE.md).",
+                                  "the same training bit for bit (utils/train/sampler.py, docs/PERFORMANCE.md).",
                         REFILLS)
     min_subtasks: int = field(0, "RL questions: only train rows whose gold decomposition has at least this many "
                                  "subtasks (0 = every row). SFT traces are unaffected (traces.*).", minimum=0)
@@ -376,7 +376,7 @@ class AgentConfig:
 
 MOVED.update({"RlConfig.max_turns": "agent.max_turns", "ModelConfig.max_new_tokens_planner": "agent.max_new_tokens_planner",
               "ModelConfig.max_new_tokens_executor": "agent.max_new_tokens_executor",
-              "RunConfig.tool": "agent.tool"})  # 2026-11-27 (issue 48): the episode's settings in one section
+              "RunConfig.tool": "agent.tool"})  # old places of the episode's settings (agent.*)
 
 
 @dataclass

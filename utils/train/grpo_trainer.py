@@ -37,7 +37,7 @@ from utils.core.stream import Cursor, rl_question_key, take
 from utils.reward.spec import score_episodes
 from utils.train.guard import SkipStreak, finish_step
 from utils.train.micro import Tally
-from utils.train.refill import has_signal, pipelined_rollouts, sampled_batch
+from utils.train.sampler import DynamicSampler, SampledBatch
 from utils.train.grpo import (batch_accuracy, build_rl_batch, group_advantages, idle_share, minibatch_rows,
                               red_grpo_loss, sft_parts, take_rows, zero_variance_fraction)
 from utils.train.policy import (batch_logprobs, dropout_active, policy_device, reference_logprobs, sft_backward,
@@ -79,7 +79,7 @@ class GrpoTrainer:
             raise StageError(f"algorithm.rl.dynamic_sampling={self.alg.rl.dynamic_sampling} needs one rank (this "
                              f"run has {world.size}): its refill rounds draw questions from a stream the ranks "
                              f"would have to share; set algorithm.rl.dynamic_sampling=0")
-        self.last_rollout: tuple[list[dict], list] | None = None
+        self.last_rollout: SampledBatch | None = None
         self.ckpt_dir = out_dir / "ckpt"
         self.policy_dir = out_dir / ("policy" if world.main else f"policy_rank{world.rank}")  # one per engine
 
@@ -251,13 +251,14 @@ class GrpoTrainer:
         first, rows = self.world.block(self.next_questions(rl.questions_per_step))
         self.rollout.spec = replace(self.rollout.spec, logprobs=self.asks_sampler())
         variants = self.variants()
-        rows, episodes, scored, sampling = self._rollouts(rows, first * rl.n_samples, variants)
-        self.last_rollout = (rows, episodes)  # what benchmarks/step_profile.py replays
+        sampled = self.sampler().sample(rows, self.state.step, first * rl.n_samples, variants)
+        rows, episodes, scored = sampled.rows, sampled.episodes, sampled.scored
+        self.last_rollout = sampled  # what benchmarks/step_profile.py replays
         timings["time/rollout"] = time.time() - t0
         t0 = time.time()
         rewards = [s["reward"] for s in scored]
         everyone = self.world.concat(scored)  # the whole step's episodes, every rank's
-        accuracy = sampling.pop("accuracy", None) if sampling else batch_accuracy(everyone)
+        accuracy = batch_accuracy(everyone) if sampled.accuracy is None else sampled.accuracy
         data = StepData(rows, episodes, scored, list(rewards))
         for v in variants:
             v.regroup(data)
@@ -289,7 +290,7 @@ class GrpoTrainer:
                 dump_episodes(dumped, self.out / "episodes" / f"step_{self.state.step}.jsonl")
         return _step_metrics(self.state.step, everyone, [s["reward"] for s in everyone], accuracy, rl.n_samples,
                              skipped, None if mismatch is None else float(mismatch),
-                             {**stats, **sampling, **timings, **({"actor/lr": lr} if rl.lr_warmup_steps else {})})
+                             {**stats, **sampled.metrics, **timings, **({"actor/lr": lr} if rl.lr_warmup_steps else {})})
 
     def asks_sampler(self) -> bool:
         """Whether this step's rollouts carry the sampler's log-probs: TIS weighs every step's tokens
@@ -298,42 +299,10 @@ class GrpoTrainer:
         rl = self.alg.rl
         return rl.tis_cap > 0 or (rl.mismatch_every > 0 and self.state.step % rl.mismatch_every == 0)
 
-    def _rollouts(self, rows: list[dict], first: int, variants=()) -> tuple[list[dict], list, list[dict], dict]:
-        """Roll out and score `rows` (n samples each; `first` the first episode's index). With dynamic
-        sampling (algorithm.rl.dynamic_sampling = R > 0, DAPO), a group whose answer scores are all
-        equal has zero advantage and is dropped; the batch is refilled from the stream's next
-        questions, at most R extra rounds, and the first questions_per_step groups with a signal are
-        kept. A group's scores are those its variants' `answers` give (red_paper's expert replaces its
-        last rollout's). RED's accuracy is then over every episode sampled this step (a filtered batch has
-        lost its all-right groups). No group with a signal after R extra rounds stops the run. With
-        `refill: pipelined` utils/train/refill.py rolls out the same questions without the wait at
-        each round's end."""
-        rl, n, seed, step = self.alg.rl, self.alg.rl.n_samples, self.cfg.seed, self.state.step
-        if rl.dynamic_sampling and rl.refill == "pipelined":  # the same questions, without the wait per round
-            return pipelined_rollouts(self, rows, first, variants)
-        episodes = self.rollout.run(rows, n=n, seed=seed, step=step, first=first)
-        scored = score_episodes(episodes, self.spec)
-        if not rl.dynamic_sampling:
-            return rows, episodes, scored, {}
-        kept: list[tuple] = []
-        seen, dropped, rounds, refill = [], 0, 0, 0.0
-        while True:
-            seen += scored
-            for g, row in enumerate(rows):
-                group = slice(g * n, (g + 1) * n)
-                if has_signal(row, scored[group], variants):
-                    kept.append((row, episodes[group], scored[group]))
-                else:
-                    dropped += 1
-            if len(kept) >= rl.questions_per_step or rounds == rl.dynamic_sampling:
-                break
-            rounds += 1
-            t0 = time.time()
-            rows = self.next_questions(rl.questions_per_step - len(kept))
-            episodes = self.rollout.run(rows, n=n, seed=seed, step=step, first=rounds * rl.questions_per_step * n)
-            scored = score_episodes(episodes, self.spec)
-            refill += time.time() - t0
-        return sampled_batch(kept, seen, dropped, rounds, refill, step, rl)
+    def sampler(self) -> DynamicSampler:
+        """This step's sampler (utils/train/sampler.py): the rollout, the reward spec and the RL question
+        stream as they are now."""
+        return DynamicSampler(self.rollout, self.spec, self.next_questions, self.alg.rl, self.cfg.seed)
 
     def close(self) -> None:
         """Shut the sampling engine and, with a judge PRM, the judge's."""
