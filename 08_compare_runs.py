@@ -59,8 +59,9 @@ def main(argv=None) -> int:
         for p in source_files(evals, trainings):
             run.add_input(p)
         # the tests first: a bad --across pair stops the stage before it writes anything
-        tests = comparisons(evals, args.resamples, cfg.seed) + across_runs(evals, [tuple(p) for p in args.across],
-                                                                          args.resamples, cfg.seed)
+        margin = cfg.eval.equivalence_margin
+        tests = (comparisons(evals, args.resamples, cfg.seed, margin)
+                 + across_runs(evals, [tuple(p) for p in args.across], args.resamples, cfg.seed, margin))
         atomic_write_text(out / "summary.csv", summary_csv(evals))
         plots = plot_all(evals, trainings, out / "plots")
         atomic_write_text(out / "report.md", render_report(evals, trainings, tests, plots, sources, args.resamples))

@@ -170,3 +170,38 @@ def make_trainer(cfg, engine, adapter, tmp_path, base_dir):
     ro = Rollout(engine, codec, RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature))
     return GrpoTrainer(cfg, model, engine, ro, RewardSpec(), rows, gold_examples(rows, codec), tok.pad_token_id,
                        tmp_path, MetricsLogger(tmp_path / "metrics.jsonl"), "sha")
+
+
+def evaluation_dir(run_dir, checkpoint, seed, scores, lr=5e-4):
+    """A completed 07 evaluation of `checkpoint` with these 0/1 `scores` under `run_dir` (and, for red and
+    grpo, a trainer folder with four logged steps); returns its metrics."""
+    d = run_dir / "07_evaluate" / checkpoint
+    (d / "samples").mkdir(parents=True)
+    n = len(scores)
+    acc = sum(scores) / n
+    metrics = {"checkpoint": checkpoint, "n": n, "accuracy": acc, "accuracy_ci95": [max(acc - 0.1234, 0.0), acc + 0.0567],
+               "format": 0.9123, "answered": 0.8765, "reward": 6 * acc - 3, "turns": 2.5, "subtasks": 1.75,
+               "tokens_planner": 40.25, "tokens_executor": 18.5, "accuracy_by_gold_subtasks": {"2": acc, "10": 0.125}}
+    (d / "metrics.json").write_text(json.dumps(metrics))
+    (d / "samples" / "predictions.jsonl").write_text(
+        "".join(json.dumps({"qid": f"test-{i:03d}", "answer": s}) + "\n" for i, s in enumerate(scores)))
+    (d / "manifest.json").write_text(json.dumps({"stage": f"07_evaluate/{checkpoint}", "status": "completed",
+                                                 "seed": seed, "config": {"checkpoint": checkpoint}}))
+    if checkpoint in ("red", "grpo"):
+        trainer = "05_train_red_grpo" if checkpoint == "red" else "06_ablate_grpo_only"
+        t = run_dir / trainer / checkpoint
+        t.mkdir(parents=True)
+        rows = [{"step": k + 1, "critic/rewards/mean": -3 + k, "answer_f1/mean": k / 4, "time/rollout": 1.5,
+                 "time/update": 0.5, "red/final_weight": 2.0, "actor/rl_entropy": 0.3} for k in range(4)]
+        (t / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (t / "manifest.json").write_text(json.dumps({"stage": f"{trainer}/{checkpoint}", "status": "completed",
+                                                     "seed": seed, "wall_seconds": 12.5,
+                                                     "config": {"algorithm": {"method": checkpoint, "rl": {"lr": lr}}}}))
+    return metrics
+
+
+def seeded(wins: dict[int, int], items: int = 200) -> tuple[dict, dict]:
+    """Scores on `items` items per seed where a wins (+) or loses (−) on |wins[seed]| items."""
+    a = {(s, i): float(0 <= i < g) for s, g in wins.items() for i in range(items)}
+    b = {(s, i): float(0 <= i < -g) for s, g in wins.items() for i in range(items)}
+    return a, b

@@ -8,35 +8,9 @@ import pytest
 from utils.eval.compare import config_diff
 from utils.eval.stats import holm, mean_ci_across_seeds, paired_test, verdict
 from utils.core.config import ROOT
-from helpers import run_compare
+from helpers import evaluation_dir as _evaluation, run_compare, seeded as _seeded
 
 FIELDS = ("accuracy", "format", "answered", "reward", "turns", "subtasks", "tokens_planner", "tokens_executor")
-
-
-def _evaluation(run_dir, checkpoint, seed, scores, lr=5e-4):
-    d = run_dir / "07_evaluate" / checkpoint
-    (d / "samples").mkdir(parents=True)
-    n = len(scores)
-    acc = sum(scores) / n
-    metrics = {"checkpoint": checkpoint, "n": n, "accuracy": acc, "accuracy_ci95": [max(acc - 0.1234, 0.0), acc + 0.0567],
-               "format": 0.9123, "answered": 0.8765, "reward": 6 * acc - 3, "turns": 2.5, "subtasks": 1.75,
-               "tokens_planner": 40.25, "tokens_executor": 18.5, "accuracy_by_gold_subtasks": {"2": acc, "10": 0.125}}
-    (d / "metrics.json").write_text(json.dumps(metrics))
-    (d / "samples" / "predictions.jsonl").write_text(
-        "".join(json.dumps({"qid": f"test-{i:03d}", "answer": s}) + "\n" for i, s in enumerate(scores)))
-    (d / "manifest.json").write_text(json.dumps({"stage": f"07_evaluate/{checkpoint}", "status": "completed",
-                                                 "seed": seed, "config": {"checkpoint": checkpoint}}))
-    if checkpoint in ("red", "grpo"):
-        trainer = "05_train_red_grpo" if checkpoint == "red" else "06_ablate_grpo_only"
-        t = run_dir / trainer / checkpoint
-        t.mkdir(parents=True)
-        rows = [{"step": k + 1, "critic/rewards/mean": -3 + k, "answer_f1/mean": k / 4, "time/rollout": 1.5,
-                 "time/update": 0.5, "red/final_weight": 2.0, "actor/rl_entropy": 0.3} for k in range(4)]
-        (t / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (t / "manifest.json").write_text(json.dumps({"stage": f"{trainer}/{checkpoint}", "status": "completed",
-                                                     "seed": seed, "wall_seconds": 12.5,
-                                                     "config": {"algorithm": {"method": checkpoint, "rl": {"lr": lr}}}}))
-    return metrics
 
 
 def test_summary_and_report_carry_the_metrics_json_numbers(tmp_path):
@@ -47,7 +21,7 @@ def test_summary_and_report_carry_the_metrics_json_numbers(tmp_path):
         sources[(seed, "red")] = _evaluation(sd, "red", seed, [1.0] * (15 + seed) + [0.0] * (5 - seed))
         sources[(seed, "grpo")] = _evaluation(sd, "grpo", seed, [1.0] * 10 + [0.0] * 10, lr=1e-3)
         sources[(seed, "sft_warmup")] = _evaluation(sd, "sft_warmup", seed, [0.0] * 20)
-    res = run_compare(tmp_path, "--run_id", "r")
+    res = run_compare(tmp_path, "--run_id", "r", "--set", "eval.equivalence_margin=0")  # tests/test_equivalence.py has it
     assert res.returncode == 0, res.stderr
     out = run / "08_compare_runs"
     rows = list(csv.DictReader((out / "summary.csv").open()))
@@ -117,13 +91,6 @@ def test_one_seed_item_bootstrap_on_known_cases():
     # only shared keys are paired
     assert paired_test({(1, 1): 1.0, (1, 2): 1.0}, {(1, 2): 0.0, (1, 3): 0.0})["n"] == 1
     assert paired_test({(1, 1): 1.0}, {(1, 2): 0.0})["n"] == 0
-
-
-def _seeded(wins: dict[int, int], items: int = 200) -> tuple[dict, dict]:
-    """Scores on `items` items per seed where a wins (+) or loses (−) on |wins[seed]| items."""
-    a = {(s, i): float(0 <= i < g) for s, g in wins.items() for i in range(items)}
-    b = {(s, i): float(0 <= i < -g) for s, g in wins.items() for i in range(items)}
-    return a, b
 
 
 def test_several_seeds_use_a_t_test_over_the_per_seed_differences():
@@ -258,10 +225,14 @@ def test_stats_calibration_benchmark_runs_08s_test_on_simulated_studies(capsys):
     spec.loader.exec_module(bench)
     assert bench.main(["--reps", "20", "--items", "50", "--seeds", "3", "--spreads", "0,0.04"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 1 + 2 + 1 + 1 and lines[-1].startswith("null_rejection_max=")
+    assert len(lines) == 1 + 2 + 1 + 4 + 1 + 1
+    last = dict(kv.split("=") for kv in lines[-1].split())
+    assert list(last) == ["null_rejection_max", "tost_false_equivalence_max"]
     nulls = [float(x.split("rejection ")[1].split()[0]) for x in lines if x.startswith("null ")]
-    assert len(nulls) == 2 and float(lines[-1].split("=")[1]) == max(nulls)
-    assert lines[-2].startswith("power seeds=3 effect=+0.05")
+    assert len(nulls) == 2 and float(last["null_rejection_max"]) == max(nulls)
+    false_eq = [float(x.split("equivalent ")[1].split()[0]) for x in lines if x.startswith("tost  ")]
+    assert len(false_eq) == 4 and float(last["tost_false_equivalence_max"]) == max(false_eq)
+    assert lines[3].startswith("power seeds=3 effect=+0.05") and lines[-2].startswith("tost power seeds=3 effect=0.00")
 
 
 def test_the_positive_control_is_tested_alone_whatever_else_ran():

@@ -2,10 +2,8 @@
 
 Each field's `help` is what `--help-config` prints. Stages add fields here, never constants in
 their scripts. Fields with a fixed set of values list them (`choices`), so a typo fails when the
-config is parsed, naming the valid values, not at RL step 1. utils/core/loader.py assembles a
-RunConfig from the tiers, the regime and the overrides.
-The value sets of `choices` live in utils/core/choices.py (most read from a registry's source in a
-higher layer, without importing it); they are importable from here too.
+config is parsed, naming the valid values, not at RL step 1; their value sets are in
+utils/core/choices.py. utils/core/loader.py assembles a RunConfig from the tiers, the regime and the overrides.
 """
 from __future__ import annotations
 
@@ -346,6 +344,8 @@ class EvalConfig:
                             "(algorithm.rl.temperature): mean@k and pass@k beside greedy (0 = greedy only).", minimum=0)
     primary: str = field("greedy", "The metric 08's paired tests run on, fixed before a study: greedy accuracy, or "
                                    "mean@k (an item's share of correct samples; needs samples > 0).", PRIMARY_METRICS)
+    equivalence_margin: float = field(0.0, "08's margin δ on the primary metric, declared before the study: a pair "
+                                           "within ±δ by two one-sided tests reads 'equivalent' (0 = off).", minimum=0.0)
 
 
 @dataclass

@@ -137,7 +137,7 @@ def stage_config(cfg: RunConfig, stage: str) -> dict:
     then; so is 07's `eval` section while it asks for greedy accuracy alone."""
     keys = CONFIG_KEYS[stage]
     if stage == "07_evaluate" and (cfg.eval.samples or cfg.eval.primary != "greedy"):
-        keys += ("eval", "algorithm.rl.temperature")
+        keys += ("eval.samples", "eval.primary", "algorithm.rl.temperature")  # the margin is 08's
     out = config_slice(cfg, keys)
     if cfg.agent.tool.retriever == "none" and "agent" in out:
         out["agent"].pop("tool", None)

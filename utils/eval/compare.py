@@ -215,8 +215,10 @@ def resolve_sources(cfg: RunConfig, runs: list[str]) -> list[Path]:
 
 def compare_settings(cfg: RunConfig, runs: list[str], resamples: int, across: list | None = None) -> dict:
     """What 08's output depends on, and so what its manifest hashes: the sources, every evaluation
-    found in them, the bootstrap, and the pairs across runs if any were named. (A source that does
+    found in them, the bootstrap, the pairs across runs if any were named, and the equivalence margin
+    if one is set. (A source that does
     not exist yet contributes no evaluations.)"""
     run_dirs = find_run_dirs([s for s in resolve_sources(cfg, runs) if s.is_dir()])
     return {"runs": runs, "evaluations": [rel(e) for e in evaluation_dirs(run_dirs)], "resamples": resamples,
-            "seed": cfg.seed, **({"across": [list(pair) for pair in across]} if across else {})}
+            "seed": cfg.seed, **({"across": [list(pair) for pair in across]} if across else {}),
+            **({"equivalence_margin": cfg.eval.equivalence_margin} if cfg.eval.equivalence_margin else {})}

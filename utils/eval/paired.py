@@ -3,7 +3,10 @@
 Within each run, three families (`comparisons`); across runs, the pairs a user names (`across_runs`),
 for checkpoints that no single run holds together, such as a method trained from another warmup in
 another run directory. Every test is `paired_test` (utils/eval/stats.py) of a − b on the items the two
-share, paired by (training seed, test item), Holm-adjusted within its family, with a verdict.
+share, paired by (training seed, test item), Holm-adjusted within its family, with a verdict. With
+an equivalence margin δ > 0 (`eval.equivalence_margin`) each test also carries its equivalence test
+against ±δ, whose p-values are Holm-adjusted within the family the same way (`tost_holm`): a pair
+the difference test cannot call better or worse is "equivalent within ±δ" when that one rejects.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ def _scores(evals: list[Evaluation]) -> dict:
     return {(e.seed, q): s for e in evals for q, s in e.scores.items()}
 
 
-def comparisons(evals: list[Evaluation], resamples: int, seed: int) -> list[dict]:
+def comparisons(evals: list[Evaluation], resamples: int, seed: int, margin: float = 0.0) -> list[dict]:
     """Three families of paired tests per run, each Holm-adjusted on its own: the positive control
     (`family` "control": CONTROL − sft_warmup, alone, so that adding an arm cannot change whether the
     setup detected the effect it must detect), red against every other checkpoint ("red"), and every
@@ -50,7 +53,7 @@ def comparisons(evals: list[Evaluation], resamples: int, seed: int) -> list[dict
         for name, family in pairs.items():
             for a, b in family:
                 if (a, b) not in boot:
-                    boot[(a, b)] = paired_test(methods[a], methods[b], resamples, seed)
+                    boot[(a, b)] = paired_test(methods[a], methods[b], resamples, seed, margin)
             out += _family(run, name, family, boot)
     return out
 
@@ -61,12 +64,16 @@ def _family(run: str, name: str, pairs: list[tuple[str, str]], boot: dict) -> li
     tested = [t for t in tests if t["p_value"] is not None]
     for t, p in zip(tested, holm([t["p_value"] for t in tested])):
         t["p_holm"] = p
+    equivalence = [t for t in tested if t.get("tost_p") is not None]
+    for t, p in zip(equivalence, holm([t["tost_p"] for t in equivalence])):
+        t["tost_holm"] = p
     for t in tests:
-        t["verdict"] = verdict(t["diff"], t.get("p_holm"))
+        t["verdict"] = verdict(t["diff"], t.get("p_holm"), tost_adjusted=t.get("tost_holm"), margin=t.get("margin", 0.0))
     return tests
 
 
-def across_runs(evals: list[Evaluation], pairs: list[tuple[str, str]], resamples: int, seed: int) -> list[dict]:
+def across_runs(evals: list[Evaluation], pairs: list[tuple[str, str]], resamples: int, seed: int,
+                margin: float = 0.0) -> list[dict]:
     """The named pairs of checkpoints across runs ("RUN/METHOD" labels, e.g. ("early/red", "study/grpo")),
     one family ("across"), on the (seed, item) pairs both evaluated; none shared is an error."""
     by_label = defaultdict(list)
@@ -82,5 +89,5 @@ def across_runs(evals: list[Evaluation], pairs: list[tuple[str, str]], resamples
         sa, sb = _scores(by_label[a]), _scores(by_label[b])
         if not set(sa) & set(sb):
             raise CompareError(f"--across {a} {b}: no (seed, test item) pair evaluated by both")
-        boot[(a, b)] = paired_test(sa, sb, resamples, seed)
+        boot[(a, b)] = paired_test(sa, sb, resamples, seed, margin)
     return _family("across", "across", pairs, boot)

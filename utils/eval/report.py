@@ -251,6 +251,14 @@ def _paired_section(tests: list[dict], resamples: int) -> list[str]:
               "Holm-adjusted within each table and run; the verdict is at adjusted p < 0.05. 'MDE' is the "
               "difference the test would detect with 80% power at p < 0.05 before Holm, at the observed seed "
               "spread: a smaller true effect is likely to read 'no evidence either way', and Holm raises the bar.")
+    margins = {t["margin"] for t in tests if t.get("margin")}
+    if margins:
+        method += (f" The equivalence margin δ = {', '.join(f'{m:g}' for m in sorted(margins))} was declared before "
+                   "the study (eval.equivalence_margin): the same data go through two one-sided tests against ±δ "
+                   "(over seeds two one-sided t-tests, at one seed the item bootstrap's tails), Holm-adjusted the "
+                   "same way; '90% CI' lies inside ±δ exactly when a row's unadjusted equivalence p is below 0.05. "
+                   "A pair the difference test does not call better or worse reads 'equivalent within ±δ' at "
+                   "adjusted equivalence p < 0.05; 'no evidence either way' then means neither test can tell.")
     lines, df = [], frames.tests(tests)
     for family, title, empty in (
             ("control", f"The positive control: {CONTROL} vs {SFT_WARMUP}",
@@ -282,7 +290,11 @@ def _paired_table(rows: pd.DataFrame) -> str:
                           "items 95% CI": pair("item_ci95_low", "item_ci95_high"), "MDE": rows["mde"],
                           "p": rows["p_value"], "p (Holm)": select(rows, {"p_holm": "p (Holm)"})["p (Holm)"],
                           "first is": rows["verdict"]}, dtype=object)
-    return markdown(shown, {"p": _p, "p (Holm)": _p})
+    if "tost_p" in rows:  # an equivalence margin: its interval and test before the verdict
+        shown.insert(len(shown.columns) - 1, "90% CI", pair("ci90_low", "ci90_high"))
+        shown.insert(len(shown.columns) - 1, "equivalence p (Holm)",
+                     select(rows, {"tost_holm": "e"})["e"].tolist())
+    return markdown(shown, {"p": _p, "p (Holm)": _p, "equivalence p (Holm)": _p})
 
 
 def _training_section(trainings: list[Training]) -> list[str]:
@@ -342,6 +354,13 @@ _FAMILY_WORDS = {"control": ", tested alone as the positive control", "red": " a
                  "warmup": " among the other comparisons with the warmup", "across": " among the pairs across runs"}  # after "Holm-adjusted p 0.01"
 
 
+def _equivalence_words(t: dict) -> str:
+    if t.get("tost_p") is None:
+        return ""
+    return (f"; against ±{t['margin']:g}: 90% CI {fmt(t['ci90_low'])} to {fmt(t['ci90_high'])}, Holm-adjusted "
+            f"equivalence p {_p(t.get('tost_holm'))}")
+
+
 def _caveats(evals: list[Evaluation], trainings: list[Training], tests: list[dict]) -> list[str]:
     out = []
     for t in tests:
@@ -349,7 +368,7 @@ def _caveats(evals: list[Evaluation], trainings: list[Training], tests: list[dic
             out.append(f"- {t['run']}: {t['a']} vs {t['b']}: **{t['verdict']}** ({t['a']} − {t['b']} = {fmt(t['diff'])} on "
                        f"{t['n']} shared items over {t['seeds']} seed(s), {t['test']}, 95% CI {fmt(t['ci95_low'])} to "
                        f"{fmt(t['ci95_high'])}, MDE {fmt(t['mde'])}, Holm-adjusted p {_p(t.get('p_holm'))}"
-                       f"{_FAMILY_WORDS[t['family']]}).")
+                       f"{_FAMILY_WORDS[t['family']]}{_equivalence_words(t)}).")
     for t in tests:
         if t["family"] == "control" and t["verdict"] != "better":
             out.append(f"- {t['run']}: **the positive control did not hold** ({t['a']} − {t['b']} reads "

@@ -9,8 +9,12 @@
   only. Either way the item bootstrap within each seed is reported beside it, and so is the
   minimum detectable effect at the study's seed and item counts.
 - Bootstrap p-values are never 0: (hits + 1) / (resamples + 1) per tail.
-- `holm` adjusts a family of p-values; `verdict` turns a comparison into better / worse / no
-  evidence either way; `mean_ci_across_seeds` is a t-interval.
+- With an equivalence margin δ > 0 (`eval.equivalence_margin`), the same test runs as two one-sided
+  tests (Schuirmann's TOST) of H0: diff ≤ −δ and H0: diff ≥ δ, each at α = 0.05: over seeds two
+  one-sided t-tests (df seeds − 1), at one seed the item bootstrap's tails beyond ±δ. `tost_p` is the
+  larger of the two p-values; below α, the 90% interval (`ci90_*`) lies inside ±δ.
+- `holm` adjusts a family of p-values; `verdict` turns a comparison into better / worse /
+  equivalent within ±δ / no evidence either way; `mean_ci_across_seeds` is a t-interval.
 """
 from __future__ import annotations
 
@@ -46,10 +50,12 @@ def _by_seed(a: dict, b: dict) -> list:
     return [np.asarray(v, dtype=np.float64) for _, v in sorted(by_seed.items(), key=lambda kv: str(kv[0]))]
 
 
-def item_bootstrap(diffs: list, resamples: int, seed: int) -> dict:
+def item_bootstrap(diffs: list, resamples: int, seed: int, margin: float = 0.0) -> dict:
     """Within-seed interval: each seed's items resampled with replacement (the seeds kept as they
     are), the statistic the mean over seeds of their mean difference. Covers test-item sampling
-    only. p two-sided, (hits + 1) / (resamples + 1) per tail, so never 0."""
+    only. p two-sided, (hits + 1) / (resamples + 1) per tail, so never 0. With `margin` δ > 0 also
+    the equivalence test: `tost_p` the larger tail beyond ±δ ((hits + 1) / (resamples + 1) each),
+    and the 90% percentile interval."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -57,8 +63,35 @@ def item_bootstrap(diffs: list, resamples: int, seed: int) -> dict:
     lo, hi = np.percentile(means, [2.5, 97.5])
     tail = min(int((means <= 0).sum()), int((means >= 0).sum()))
     p = 1.0 if not any(d.any() for d in diffs) else min(1.0, 2 * (tail + 1) / (resamples + 1))
-    return {"ci95_low": round(float(lo), 6), "ci95_high": round(float(hi), 6), "p_value": round(p, 6),
-            "se": float(means.std(ddof=1)) if resamples > 1 else 0.0}
+    out = {"ci95_low": round(float(lo), 6), "ci95_high": round(float(hi), 6), "p_value": round(p, 6),
+           "se": float(means.std(ddof=1)) if resamples > 1 else 0.0}
+    if margin > 0:
+        lo90, hi90 = np.percentile(means, [5.0, 95.0])
+        beyond = max(int((means <= -margin).sum()), int((means >= margin).sum()))
+        out.update(tost_p=round(min(1.0, (beyond + 1) / (resamples + 1)), 6), ci90_low=round(float(lo90), 6),
+                   ci90_high=round(float(hi90), 6))
+    return out
+
+
+def seed_tost(per_seed: list[float], sd: float, margin: float) -> dict:
+    """Two one-sided t-tests over S ≥ 2 per-seed differences (df = S − 1) against ±`margin`, with the
+    sd `seed_t_test` used (its floor included): `tost_p` the larger one-sided p, `ci90_*` the
+    t-interval at 90%, which lies inside ±margin exactly when tost_p < 0.05."""
+    s = len(per_seed)
+    mean, df = sum(per_seed) / s, s - 1
+    se = sd / s ** 0.5
+    if se > 0:
+        p = max(_upper_tail((mean + margin) / se, df), _upper_tail((margin - mean) / se, df))
+    else:  # no spread at all: the mean is the difference
+        p = 0.0 if abs(mean) < margin else 1.0
+    half = t_quantile(0.95, df) * se
+    return {"tost_p": round(min(1.0, p), 6), "ci90_low": round(mean - half, 6), "ci90_high": round(mean + half, 6)}
+
+
+def _upper_tail(t: float, df: int) -> float:
+    """P(T ≥ t) for Student's t with df degrees of freedom."""
+    half = t_two_sided_p(t, df) / 2
+    return half if t >= 0 else 1.0 - half
 
 
 def seed_t_test(per_seed: list[float], item_se: float = 0.0, alpha: float = 0.05, power: float = 0.8) -> dict:
@@ -85,29 +118,36 @@ def seed_t_test(per_seed: list[float], item_se: float = 0.0, alpha: float = 0.05
             "mde": round((crit + t_quantile(power, df)) * sd / s ** 0.5, 6)}
 
 
-def paired_test(a: dict, b: dict, resamples: int = 10000, seed: int = 0) -> dict:
+def paired_test(a: dict, b: dict, resamples: int = 10000, seed: int = 0, margin: float = 0.0) -> dict:
     """The verdict's test of mean(a) − mean(b), with a and b mapping (training seed, item id) to a
     score (module docstring). `test` names it; `ci95_*` and `p_value` are its own; `item_ci95_*`
     the within-seed item bootstrap; `mde` the smallest difference it would detect with 80% power
-    at alpha 0.05 before Holm (at one seed: from the bootstrap's standard error)."""
+    at alpha 0.05 before Holm (at one seed: from the bootstrap's standard error). With `margin` δ > 0,
+    `margin`, `tost_p` and `ci90_*`: the equivalence test of the same data against ±δ."""
     diffs = _by_seed(a, b)
+    tost = {"margin": margin, "tost_p": None, "ci90_low": None, "ci90_high": None} if margin > 0 else {}
     if not diffs:
         return {"n": 0, "seeds": 0, "diff": None, "test": None, "ci95_low": None, "ci95_high": None,
-                "p_value": None, "item_ci95_low": None, "item_ci95_high": None, "mde": None, "significant": False}
+                "p_value": None, "item_ci95_low": None, "item_ci95_high": None, "mde": None, "significant": False,
+                **tost}
     per_seed = [float(d.mean()) for d in diffs]
-    items = item_bootstrap(diffs, resamples, seed)
+    items = item_bootstrap(diffs, resamples, seed, margin if len(diffs) == 1 else 0.0)
     if len(diffs) >= 2:
         item_se = (sum(d.var(ddof=1) / len(d) if len(d) > 1 else 0.0 for d in diffs) / len(diffs)) ** 0.5
         main = seed_t_test(per_seed, float(item_se))
         test = f"paired t over {len(diffs)} seeds (df {len(diffs) - 1})"
+        if margin > 0:
+            tost.update(seed_tost(per_seed, main["sd"], margin))
     else:
         main = {**items, "mde": round((1.959964 + 0.841621) * items["se"], 6)}
         test = "paired item bootstrap (1 seed)"
+        if margin > 0:
+            tost.update({k: items[k] for k in ("tost_p", "ci90_low", "ci90_high")})
     lo, hi = max(main["ci95_low"], -1.0), min(main["ci95_high"], 1.0)  # a difference of scores in [0, 1]
     return {"n": sum(len(d) for d in diffs), "seeds": len(diffs), "diff": round(sum(per_seed) / len(per_seed), 6),
             "per_seed": [round(x, 6) for x in per_seed], "test": test, "ci95_low": lo, "ci95_high": hi,
             "p_value": main["p_value"], "item_ci95_low": items["ci95_low"], "item_ci95_high": items["ci95_high"],
-            "mde": main["mde"], "significant": bool(main["p_value"] < 0.05)}
+            "mde": main["mde"], "significant": bool(main["p_value"] < 0.05), **tost}
 
 
 def holm(p_values: list[float]) -> list[float]:
@@ -120,11 +160,16 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
-def verdict(diff: float | None, p_adjusted: float | None, alpha: float = 0.05) -> str:
-    """How red compares with an arm: better, worse, or no evidence either way (at `alpha`, adjusted)."""
-    if diff is None or p_adjusted is None or p_adjusted >= alpha:
-        return "no evidence either way"
-    return "better" if diff > 0 else "worse"
+def verdict(diff: float | None, p_adjusted: float | None, alpha: float = 0.05, tost_adjusted: float | None = None,
+            margin: float = 0.0) -> str:
+    """How the first checkpoint compares with the second, at `alpha` on Holm-adjusted p-values: better or
+    worse when the difference test rejects; else "equivalent within ±δ" when the equivalence test
+    (`tost_adjusted`, margin δ) does; else no evidence either way."""
+    if diff is not None and p_adjusted is not None and p_adjusted < alpha:
+        return "better" if diff > 0 else "worse"
+    if margin > 0 and tost_adjusted is not None and tost_adjusted < alpha:
+        return f"equivalent within ±{margin:g}"
+    return "no evidence either way"
 
 
 def t_two_sided_p(t: float, df: int) -> float:
