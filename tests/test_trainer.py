@@ -164,11 +164,12 @@ def test_non_finite_loss_skips_the_step(hf_engine, protocol_adapter, tmp_path, b
 def test_non_finite_gradient_or_reward_skips_and_k_in_a_row_stop(hf_engine, protocol_adapter, tmp_path, base_dir,
                                                                    monkeypatch):
     import utils.train.grpo_trainer as gt
+    import utils.train.sampler as sampler
     from utils.core.stages import StageError
 
     trainer = make_trainer(_cfg("algorithm.rl.steps=5", "algorithm.rl.max_skips_in_a_row=3"), hf_engine, protocol_adapter,
                        tmp_path, base_dir)
-    real_score, real_loss, step = gt.score_episodes, gt.red_grpo_loss, {"n": 0}
+    real_score, real_loss, step = sampler.score_episodes, gt.red_grpo_loss, {"n": 0}
 
     def scores(episodes, spec):  # step 2: one NaN reward
         step["n"] += 1
@@ -183,7 +184,7 @@ def test_non_finite_gradient_or_reward_skips_and_k_in_a_row_stop(hf_engine, prot
             w = next(p for p in trainer.model.parameters() if p.requires_grad)
             (w * float("inf")).sum().backward()
         return terms
-    monkeypatch.setattr(gt, "score_episodes", scores)
+    monkeypatch.setattr(sampler, "score_episodes", scores)  # the step's scoring is the sampler's
     monkeypatch.setattr(gt, "red_grpo_loss", loss)
     with pytest.raises(StageError, match=r"steps 2-4: 3 optimizer steps in a row skipped"):
         trainer.train()

@@ -34,7 +34,6 @@ from utils.agent.rollout import Rollout
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
 from utils.core.errors import StageError
 from utils.core.stream import Cursor, rl_question_key, take
-from utils.reward.spec import score_episodes
 from utils.train.guard import SkipStreak, finish_step
 from utils.train.micro import Tally
 from utils.train.sampler import DynamicSampler, SampledBatch
