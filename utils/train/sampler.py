@@ -76,10 +76,10 @@ class DynamicSampler:
             return self._pipelined(rows, step, first, variants)
         return self._rounds(rows, step, first, variants)
 
-    def _round(self, rows: list[dict], step: int, first: int, on_group=None) -> tuple[list, list[dict]]:
-        episodes = self.rollout.run(rows, n=self.rl.n_samples, seed=self.seed, step=step, first=first,
-                                    **({"on_group": on_group} if on_group else {}))
-        return episodes, (score_episodes(episodes, self.spec) if on_group is None else [])  # on_group scores
+    def _round(self, rows: list[dict], step: int, first: int) -> tuple[list, list[dict]]:
+        """One round: `rows`' episodes and their scores."""
+        episodes = self.rollout.run(rows, n=self.rl.n_samples, seed=self.seed, step=step, first=first)
+        return episodes, score_episodes(episodes, self.spec)
 
     def _rounds(self, rows: list[dict], step: int, first: int, variants) -> SampledBatch:
         rl, n = self.rl, self.rl.n_samples
@@ -122,7 +122,7 @@ class DynamicSampler:
             refill_start.append(time.time())
             return [(new, (r + 1) * rl.questions_per_step * n + place * n)]
 
-        episodes, _ = self._round(rows, step, first, on_group)
+        episodes = self.rollout.run(rows, n=n, seed=self.seed, step=step, first=first, on_group=on_group)
         done = time.time()
         kept, seen, dropped = [], [], 0
         for g in sorted(range(len(slots)), key=lambda g: slots[g][:2]):
