@@ -11,7 +11,11 @@ subtasks per episode, tokens per role, failure counts), breakdown.csv (one row p
 failure category), samples/predictions.jsonl (full transcripts) and the manifest. With
 eval.samples = k > 0 it also samples k episodes per item at the rollout temperature
 (algorithm.rl.temperature, what RL optimises): mean@k with its CI and pass@k in metrics.json, and
-each item's k scores and their mean in predictions.jsonl. `primary` (eval.primary) names the
+each item's k scores, their mean and its count of fully correct ones (sampled_correct of sampled_n)
+in predictions.jsonl, with the unbiased pass@k at k = 1, 2, 4, ... k (utils/eval/passk.py). With
+eval.curve_samples = n > 0 it samples n more episodes per item, apart from those (so mean@k stays
+as it is), for the pass@k curve to k = n: `pass_at_k_curve` in metrics.json, each item's
+curve_correct of curve_n in predictions.jsonl. `primary` (eval.primary) names the
 metric 08's paired tests use.
 """
 import csv
@@ -29,7 +33,8 @@ from utils.core.models import load_tokenizer
 from utils.core.methods import CHECKPOINTS, SFT_WARMUP
 from utils.core.stages import (evaluation_settings, model_dir, output_path, parent, resolve_checkpoint, run_main,
                                stage_dir)
-from utils.eval.evaluation import failure_category, gold_steps, greedy_eval, sampled_eval
+from utils.eval.evaluation import (curve_eval, failure_category, fold_curve, fold_sampled, gold_steps, greedy_eval,
+                                   sampled_eval)
 from utils.eval.stats import bootstrap_ci
 from utils.reward.spec import read_spec
 
@@ -98,8 +103,11 @@ def evaluate(cfg, args, name: str, shared: SharedEngine, codec: Codec) -> None:
                    "scorer": spec.scorer, "failures": dict(sorted(Counter(r["category"] for r in scored).items())),
                    "checkpoint": name, "primary": cfg.eval.primary}
         if cfg.eval.samples:
-            _sampled(cfg, metrics, scored, sampled_eval(engine, codec, rows, spec, RolloutSpec.from_config(
+            fold_sampled(cfg, metrics, scored, sampled_eval(engine, codec, rows, spec, RolloutSpec.from_config(
                 cfg, cfg.algorithm.rl.temperature), cfg.eval.samples, cfg.seed, retriever))
+        if cfg.eval.curve_samples:
+            fold_curve(cfg, metrics, scored, curve_eval(engine, codec, rows, spec, RolloutSpec.from_config(
+                cfg, cfg.algorithm.rl.temperature), cfg.eval.curve_samples, cfg.seed, retriever))
         write_outputs(out, metrics, scored)
         for f in ("metrics.json", "breakdown.csv", "samples/predictions.jsonl"):
             run.add_output(out / f)
@@ -107,16 +115,6 @@ def evaluate(cfg, args, name: str, shared: SharedEngine, codec: Codec) -> None:
     lo, hi = metrics["accuracy_ci95"]
     print(f"{STAGE}: {label}: accuracy {metrics['accuracy']:.3f} (95% CI {lo:.3f}-{hi:.3f}), format "
           f"{metrics['format']:.3f}, {metrics['turns']:.2f} turns/episode on {len(rows)} items -> {out}", flush=True)
-
-
-def _sampled(cfg, metrics: dict, scored: list[dict], result: tuple[dict, dict]) -> None:
-    """Fold sampled_eval's figures into metrics.json and its per-item scores into the records."""
-    summary, per_item = result
-    for r in scored:
-        r["sampled"] = per_item.get(r["qid"], [])
-        r["mean_at_k"] = round(sum(r["sampled"]) / len(r["sampled"]), 6) if r["sampled"] else 0.0
-    metrics.update(summary, samples=cfg.eval.samples, sample_temperature=cfg.algorithm.rl.temperature,
-                   mean_at_k_ci95=bootstrap_ci([r["mean_at_k"] for r in scored], seed=cfg.seed))
 
 
 def main(argv=None) -> int:

@@ -8,11 +8,13 @@ Default: this run's directory, outputs/<run_id>. Reads every 07_evaluate/<checkp
 samples/predictions.jsonl, manifest) and every trainer's metrics.jsonl, and writes into
 outputs/<run_id>/08_compare_runs/ (or --out):
 - summary.csv: one row per run, seed and method, with the numbers exactly as in metrics.json;
-- plots/: reward_vs_step.png, test_accuracy.png, red_dynamics.png, red_mechanism.png, time_per_phase.png;
+- plots/: reward_vs_step.png, test_accuracy.png, red_dynamics.png, red_mechanism.png, time_per_phase.png,
+  pass_at_k.png;
 - report.md: tables, the plots, paired tests of red against every other method and of every method
   against its warmup on the same (seed, test item) pairs (a t-test over seeds at two or more seeds,
   the item bootstrap at one: utils/eval/stats.py), and the config values that differ between
-  methods and between runs;
+  methods and between runs, and the pass@k curves of the sampled evaluations with the smallest k at
+  which sft_warmup's reaches each arm's (utils/eval/passk.py);
 - the manifest.
 --across pairs two checkpoints that no single run holds together (a run is named by its folder under
 outputs/, or outside it by its own folder; e.g. `--runs outputs/study outputs/early --across
@@ -30,6 +32,7 @@ from utils.eval.compare import (DEFAULT_RESAMPLES, compare_settings, find_run_di
                                 source_files)
 from utils.eval.frames import summary_csv
 from utils.eval.paired import across_runs, comparisons
+from utils.eval.passk import crossings
 from utils.eval.report import plot_all, render_report
 
 STAGE = "08_compare_runs"
@@ -62,13 +65,16 @@ def main(argv=None) -> int:
         margin = cfg.eval.equivalence_margin
         tests = (comparisons(evals, args.resamples, cfg.seed, margin)
                  + across_runs(evals, [tuple(p) for p in args.across], args.resamples, cfg.seed, margin))
+        found = crossings(evals, args.resamples, cfg.seed)
         atomic_write_text(out / "summary.csv", summary_csv(evals))
         plots = plot_all(evals, trainings, out / "plots")
-        atomic_write_text(out / "report.md", render_report(evals, trainings, tests, plots, sources, args.resamples))
+        atomic_write_text(out / "report.md", render_report(evals, trainings, tests, plots, sources, args.resamples,
+                                                           found))
         for name in ["summary.csv", "report.md"] + [f"plots/{p}" for p in plots]:
             run.add_output(out / name)
         run.metrics.update(evaluations=len(evals), trainings=len(trainings),
-                           paired_tests={f"{t['run']}:{t['a']}-{t['b']}": t["diff"] for t in tests})
+                           paired_tests={f"{t['run']}:{t['a']}-{t['b']}": t["diff"] for t in tests},
+                           **({"pass_at_k_reached": {f"{c.run}:{c.method}": c.k for c in found}} if found else {}))
     print(f"{STAGE}: {len(evals)} evaluations, {len(trainings)} training curves -> {out / 'report.md'}")
     return 0
 

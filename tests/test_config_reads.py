@@ -75,11 +75,11 @@ def outside(keys: set[str], hashed: dict) -> list[str]:
 
 # keys whose value decides whether a section is in the slice at all (`stage_config`): with the tool
 # off the slice leaves `agent.tool` out, and 07's leaves `eval` out while it asks for greedy alone
-DECIDE_THE_SLICE = {"agent.tool.retriever", "eval.samples", "eval.primary"}
+DECIDE_THE_SLICE = {"agent.tool.retriever", "eval.samples", "eval.primary", "eval.curve_samples"}
 CHAIN = set_args("data.n_train=24", "data.n_val=4", "data.n_test=4", "regime=regime_d", "warmup.steps=2",
                  "warmup.batch_size=4", "warmup.eval_every=0", "warmup.eval_size=2", "algorithm.rl.steps=1",
                  "algorithm.rl.questions_per_step=2", "algorithm.rl.n_samples=2", "model.engine.name=hf",
-                 "eval.samples=2", "wandb_mode=disabled")
+                 "eval.samples=2", "eval.curve_samples=2", "wandb_mode=disabled")
 STAGE_ARGS = {"04_sft_warmup": sft_args(set_args("warmup.steps=2", "warmup.save_every=2")),
               "05_train_red_grpo": set_args("algorithm.rl.save_freq=1"),
               "07_evaluate": ["--checkpoint", "sft_warmup", "--limit", "2"]}

@@ -82,15 +82,20 @@ def test_07_refuses_mean_at_k_without_samples(tmp_path, capsys):
 
 def test_07_writes_the_sampled_metrics_and_per_item_scores(prepared):
     """07 on the bare base (it does not know the protocol, so every sample scores 0) with 3 samples
-    per item: the figures, the CI, the temperature and each item's 3 scores land where 08 reads them."""
+    per item and a curve pass of 5: the figures, the CI, the temperature, each item's 3 scores and
+    both passes' counts land where 08 reads them."""
     out, args = prepared
     assert run_stage("07_evaluate", out, *args, "--checkpoint", "base", "--limit", "4", "--set", "model.engine.name=hf",
-                     "--set", "eval.samples=3", "--set", "eval.primary=mean_at_k") == 0
+                     "--set", "eval.samples=3", "--set", "eval.primary=mean_at_k", "--set", "eval.curve_samples=5") == 0
     d = out / "t" / "07_evaluate" / "base"
     m = json.loads((d / "metrics.json").read_text())
     assert (m["primary"], m["samples"], m["sample_temperature"]) == ("mean_at_k", 3, 0.7)
     assert m["mean@3"] == 0.0 and m["pass@3"] == 0.0 and m["mean_at_k_ci95"] == [0.0, 0.0]
     preds = [json.loads(x) for x in (d / "samples" / "predictions.jsonl").read_text().splitlines()]
     assert len(preds) == 4 and all(p["sampled"] == [0.0, 0.0, 0.0] and p["mean_at_k"] == 0.0 for p in preds)
+    assert m["pass_at_k"] == {"1": 0.0, "2": 0.0, "3": 0.0} and m["curve_samples"] == 5
+    assert m["pass_at_k_curve"] == {"1": 0.0, "2": 0.0, "4": 0.0, "5": 0.0}
+    assert all((p["sampled_correct"], p["sampled_n"], p["curve_correct"], p["curve_n"]) == (0, 3, 0, 5) for p in preds)
     config = json.loads((d / "manifest.json").read_text())["config"]
-    assert config["eval"] == {"samples": 3, "primary": "mean_at_k"} and config["algorithm"]["rl"]["temperature"] == 0.7
+    assert config["eval"] == {"samples": 3, "primary": "mean_at_k", "curve_samples": 5}
+    assert config["algorithm"]["rl"]["temperature"] == 0.7

@@ -1,9 +1,8 @@
 """The run config's schema: model, algorithm and data tiers, plus run-level fields.
 
-Each field's `help` is what `--help-config` prints. Stages add fields here, never constants in
-their scripts. Fields with a fixed set of values list them (`choices`), so a typo fails when the
-config is parsed, naming the valid values, not at RL step 1; their value sets are in
-utils/core/choices.py. utils/core/loader.py assembles a RunConfig from the tiers, the regime and the overrides.
+Each field's `help` is what `--help-config` prints. Stages add fields here, never constants in their
+scripts. Fields with a fixed set of values list them (`choices`, from utils/core/choices.py), so a typo
+fails when the config is parsed, not at RL step 1. utils/core/loader.py assembles a RunConfig.
 """
 from __future__ import annotations
 
@@ -346,6 +345,8 @@ class EvalConfig:
                                    "mean@k (an item's share of correct samples; needs samples > 0).", PRIMARY_METRICS)
     equivalence_margin: float = field(0.0, "08's margin δ on the primary metric, declared before the study: a pair "
                                            "within ±δ by two one-sided tests reads 'equivalent' (0 = off).", minimum=0.0)
+    curve_samples: int = field(0, "07's pass@k curve: n more episodes per test item at the rollout temperature, apart "
+                                  "from `samples` (mean@k stays as it is), pass@k for k = 1, 2, 4, ... n (0 = none).", minimum=0)
 
 
 @dataclass
@@ -388,8 +389,7 @@ class RunConfig:
                             "(synthetic_arith: imperfect_teacher); --set regime=regime_d selects another.")
     outputs_dir: str = field("outputs", "Root of all run outputs (relative to the repo).")
     threads: int = field(0, "torch CPU threads; 0 keeps torch's default.")
-    wandb_mode: str = field("auto", "auto is offline unless WANDB_API_KEY is set.",
-                            ("auto", "online", "offline", "disabled"))
+    wandb_mode: str = field("auto", "auto is offline unless WANDB_API_KEY is set.", ("auto", "online", "offline", "disabled"))
     model: ModelConfig = field(ModelConfig(), "Model tier (configs/models/).")
     algorithm: AlgorithmConfig = field(AlgorithmConfig(), "Algorithm tier (configs/algorithms/).")
     data: DataConfig = field(DataConfig(), "Data tier (configs/data/).")

@@ -138,6 +138,8 @@ def stage_config(cfg: RunConfig, stage: str) -> dict:
     keys = CONFIG_KEYS[stage]
     if stage == "07_evaluate" and (cfg.eval.samples or cfg.eval.primary != "greedy"):
         keys += ("eval.samples", "eval.primary", "algorithm.rl.temperature")  # the margin is 08's
+    if stage == "07_evaluate" and cfg.eval.curve_samples:  # off, it leaves 07's slice as before it existed
+        keys = tuple(dict.fromkeys(keys + ("eval.curve_samples", "algorithm.rl.temperature")))
     out = config_slice(cfg, keys)
     if cfg.agent.tool.retriever == "none" and "agent" in out:
         out["agent"].pop("tool", None)

@@ -24,6 +24,7 @@ from utils.core.methods import CHECKPOINTS, TRAINERS
 from utils.core.schema import RunConfig
 from utils.core.config import repo_path
 from utils.core.stages import StageError, run_dir
+from utils.reward.scorers import is_correct
 
 DEFAULT_RESAMPLES = 10000  # paired-bootstrap resamples of 08's report
 SUMMARY_FIELDS = ("run", "seed", "method", "checkpoint", "n", "accuracy", "ci95_low", "ci95_high", "format",
@@ -45,6 +46,7 @@ class Evaluation:
     scores: dict[str, float]  # item id -> its score on the primary metric (greedy answer score, or mean@k)
     manifest: dict
     primary: str = "greedy"  # eval.primary of the 07 that wrote it
+    counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # item id -> (correct, n) of its samples
 
 
 @dataclass
@@ -122,7 +124,7 @@ def load_evaluation(directory: Path, outputs: Path) -> Evaluation:
     field_name = {"greedy": "answer", "mean_at_k": "mean_at_k"}.get(primary)
     if field_name is None:
         raise CompareError(f"{metrics_path}: primary '{primary}' is not a known metric (greedy, mean_at_k)")
-    scores = {}
+    scores, counts = {}, {}
     for i, row in _read_jsonl(preds):
         for key in ("qid", field_name):
             if key not in row:
@@ -131,10 +133,36 @@ def load_evaluation(directory: Path, outputs: Path) -> Evaluation:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise DataError(preds, i, field_name, f"expected a number, got {value!r}")
         scores[str(row["qid"])] = float(value)
+        if (c := sample_counts(row, preds, i)) is not None:
+            counts[str(row["qid"])] = c
     run, seed = run_label(directory.parent.parent, outputs)
     checkpoint = str(metrics["checkpoint"])
     method = checkpoint if checkpoint in CHECKPOINTS else directory.name
-    return Evaluation(run, manifest.get("seed", seed), method, directory, metrics, scores, manifest, primary)
+    return Evaluation(run, manifest.get("seed", seed), method, directory, metrics, scores, manifest, primary,
+                      counts if len(counts) == len(scores) else {})
+
+
+COUNT_FIELDS = (("curve_correct", "curve_n"), ("sampled_correct", "sampled_n"))  # 07's, the curve pass's first
+
+
+def sample_counts(row: dict, path: Path, i: int) -> tuple[int, int] | None:
+    """An item's (correct, n) for pass@k: from 07's curve pass if it ran, else its mean@k samples (a
+    07 from before the counts were written: its `sampled` scores); None if it was not sampled."""
+    for c_key, n_key in COUNT_FIELDS:
+        if n_key in row:
+            c, n = row.get(c_key), row[n_key]
+            for key, v in ((n_key, n), (c_key, c)):
+                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                    raise DataError(path, i, key, f"expected a count (an integer >= 0), got {v!r}")
+            if not 0 < n or c > n:
+                raise DataError(path, i, c_key, f"{c} correct of {n} samples: expected 0 <= correct <= n, n > 0")
+            return c, n
+    sampled = row.get("sampled")
+    if not sampled:
+        return None
+    if not isinstance(sampled, list) or not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in sampled):
+        raise DataError(path, i, "sampled", f"expected a list of sample scores, got {sampled!r}")
+    return sum(is_correct(s) for s in sampled), len(sampled)
 
 
 def load_trainings(run_dirs: list[Path], outputs: Path) -> list[Training]:

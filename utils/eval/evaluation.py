@@ -15,6 +15,8 @@ from utils.core.checkpoint import save_weights
 from utils.core.manifest import atomic_write_json
 from utils.core.schema import RunConfig
 from utils.reward.spec import RewardSpec, score_episodes
+from utils.eval.passk import curve, k_grid
+from utils.eval.stats import bootstrap_ci
 from utils.reward.scorers import is_correct
 
 
@@ -60,6 +62,44 @@ def sampled_eval(engine, codec: Codec, rows: list[dict], spec: RewardSpec, rollo
         per_item.setdefault(s["qid"], []).append(s["answer"])
     means = [sum(v) / len(v) for v in per_item.values()]
     return {f"mean@{k}": round(sum(means) / max(len(means), 1), 6), f"pass@{k}": pass_at_k(scored)}, per_item
+
+
+CURVE_EPISODES = 4096  # episodes of the curve pass in flight at once (rows are rolled out in chunks of this many)
+
+
+def curve_eval(engine, codec: Codec, rows: list[dict], spec: RewardSpec, rollout: RolloutSpec, n: int, seed: int,
+               retriever=None) -> dict[str, tuple[int, int]]:
+    """n sampled episodes per row for the pass@k curve: {qid: (fully correct samples, n)}. Seeded as
+    step 1 of `seed` (mean@k's samples are step 0), each episode by its index among all rows', so
+    the chunking leaves every sample as it would be in one batch."""
+    rollout_ = Rollout(engine, codec, replace(rollout, logprobs=False), retriever)
+    per = max(1, CURVE_EPISODES // n)
+    counts: dict[str, tuple[int, int]] = {}
+    for start in range(0, len(rows), per):
+        for s in score_episodes(rollout_.run(rows[start:start + per], n=n, seed=seed, step=1, first=start * n), spec):
+            c, m = counts.get(s["qid"], (0, 0))
+            counts[s["qid"]] = (c + is_correct(s["answer"]), m + 1)
+    return counts
+
+
+def fold_sampled(cfg, metrics: dict, scored: list[dict], result: tuple[dict, dict]) -> None:
+    """Fold sampled_eval's figures into 07's metrics.json and its per-item scores into the records."""
+    summary, per_item = result
+    for r in scored:
+        r["sampled"] = per_item.get(r["qid"], [])
+        r["mean_at_k"] = round(sum(r["sampled"]) / len(r["sampled"]), 6) if r["sampled"] else 0.0
+        r["sampled_correct"], r["sampled_n"] = sum(map(is_correct, r["sampled"])), len(r["sampled"])
+    metrics.update(summary, samples=cfg.eval.samples, sample_temperature=cfg.algorithm.rl.temperature,
+                   mean_at_k_ci95=bootstrap_ci([r["mean_at_k"] for r in scored], seed=cfg.seed),
+                   pass_at_k=curve(((r["sampled_correct"], r["sampled_n"]) for r in scored), k_grid(cfg.eval.samples)))
+
+
+def fold_curve(cfg, metrics: dict, scored: list[dict], counts: dict[str, tuple[int, int]]) -> None:
+    """Fold curve_eval's counts into 07's metrics.json (pass@k at k = 1, 2, 4, ... n) and each record (its c and n)."""
+    for r in scored:
+        r["curve_correct"], r["curve_n"] = counts[r["qid"]]
+    metrics.update(curve_samples=cfg.eval.curve_samples, pass_at_k_curve=curve(
+        counts.values(), k_grid(cfg.eval.curve_samples)))
 
 
 def search_metrics(rows: list[dict], episodes, scored: list[dict]) -> dict:

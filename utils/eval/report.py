@@ -17,6 +17,7 @@ from utils.eval.compare import PHASES, Evaluation, Training, config_diff, fmt, c
 from utils.eval import frames
 from utils.eval.frames import across_seeds, ci, evaluations, markdown, sampled, select
 from utils.eval.mechanism import mechanism_section, plot_mechanism
+from utils.eval.passk import Crossing, curve_section, plot_pass_at_k
 
 
 # ---------------------------------------------------------------------------------------- plots
@@ -38,7 +39,7 @@ def plot_all(evals: list[Evaluation], trainings: list[Training], out: Path) -> l
 
     many_runs = len({e.run for e in evals}) > 1
     made: list[str] = []
-    for plot in (_plot_reward, _plot_accuracy, _plot_red, plot_mechanism, _plot_phases):
+    for plot in (_plot_reward, _plot_accuracy, _plot_red, plot_mechanism, _plot_phases, plot_pass_at_k):
         name, fig = plot(plt, evals, trainings, many_runs)
         _save(fig, out, name, made)
     return made
@@ -114,7 +115,7 @@ def _plot_phases(plt, evals, trainings, many_runs):
 
 
 def render_report(evals: list[Evaluation], trainings: list[Training], tests: list[dict], plots: list[str],
-                  sources: list[Path], resamples: int) -> str:
+                  sources: list[Path], resamples: int, crossings: list[Crossing] = ()) -> str:
     runs = sorted({e.run for e in evals})
     lines = ["# RED-CoDA run comparison", "",
              f"Sources: {', '.join(rel(s) for s in sources)}. {len(evals)} evaluations in {len(runs)} run(s); "
@@ -125,6 +126,7 @@ def render_report(evals: list[Evaluation], trainings: list[Training], tests: lis
     lines += mechanism_section(evals, trainings)
     lines += [f"Primary metric of the paired tests: **{primary_label(evals)}**.", ""]
     lines += _paired_section(tests, resamples)
+    lines += curve_section(evals, list(crossings))
     lines += _training_section(trainings)
     lines += ["## Plots", ""] + [f"![{p[:-4]}](plots/{p})" for p in plots] + [""]
     lines += _config_section(evals, trainings, runs)

@@ -1,0 +1,205 @@
+"""pass@k from n samples per item: the unbiased estimator, its k grid, and 08's curve analysis.
+
+An item sampled n times with c fully correct samples (an F1 of 0.5 is not correct) has
+pass@k = 1 − C(n−c, k) / C(n, k): the chance that k of its n samples, drawn without replacement,
+include a correct one (Chen et al. 2021). Averaged over items it estimates the policy's pass@k
+without bias for every k ≤ n, so one evaluation of n samples gives the whole curve. 07 writes each
+item's (c, n) into predictions.jsonl, so any k ≤ n can be recomputed from it.
+
+08 draws the curve of sft_warmup and every arm of a run (the mean over seeds with the lowest and
+highest seed as a band) and asks where the warmup's curve reaches each arm's: the smallest k on
+the grid at which the seed-mean of arm − warmup is ≤ 0, with a 95% interval from resampling the
+test items within each seed (the seed-to-seed spread is shown beside it, seed by seed).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from utils.core.methods import SFT_WARMUP
+from utils.eval.compare import fmt, method_key
+
+BOOTSTRAP_CHUNK = 1000  # resamples drawn at a time (bounds the (resamples × items × k) array)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of one item with c correct among n samples (k ≤ n)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@{k} of {c} correct in {n} samples: need 0 <= c <= n and 1 <= k <= n")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def k_grid(n: int) -> list[int]:
+    """k = 1, 2, 4, … up to n, and n itself."""
+    ks = [2 ** i for i in range(n.bit_length()) if 2 ** i <= n]
+    return ks + ([n] if n not in ks else [])
+
+
+def curve(counts, ks: list[int]) -> dict[str, float]:
+    """{"k": mean over items of pass@k} for the items' (c, n) counts."""
+    counts = list(counts)
+    return {str(k): round(sum(pass_at_k(n, c, k) for c, n in counts) / max(len(counts), 1), 6) for k in ks}
+
+
+# --------------------------------------------------------------------------------- 08's analysis
+@dataclass
+class Crossing:
+    """Where the warmup's curve reaches one arm's, in one run."""
+    run: str
+    method: str
+    seeds: list
+    ks: list[int]
+    gap: list[float]  # seed-mean of arm − warmup at each k
+    gap_ci: list[tuple[float, float]]  # its 95% item-bootstrap interval
+    k: int | None  # the smallest k with gap ≤ 0; None: not by the largest k
+    k_ci: tuple[int | None, int | None]  # 95% interval of that k (None: beyond the grid)
+    per_seed: list[int | None]  # the same k seed by seed
+
+
+def _matrix(e, ks: list[int]):
+    """(qids, items × len(ks) array of pass@k) of an evaluation's counts."""
+    import numpy as np
+
+    qids = sorted(e.counts)
+    return qids, np.array([[pass_at_k(e.counts[q][1], e.counts[q][0], k) for k in ks] for q in qids])
+
+
+def runs_with_curves(evals) -> dict[str, dict[str, dict]]:
+    """{run: {method: {seed: evaluation}}} for the evaluations with sampled counts, base left out
+    (its curve is not the question); a run needs two methods or more to compare."""
+    out: dict[str, dict[str, dict]] = {}
+    for e in evals:
+        if e.counts and e.method != "base":
+            out.setdefault(e.run, {}).setdefault(e.method, {})[e.seed] = e
+    return {run: methods for run, methods in out.items() if methods}
+
+
+def run_grid(methods: dict[str, dict]) -> list[int]:
+    """The run's k grid: up to the fewest samples any of its items has."""
+    return k_grid(min(n for by_seed in methods.values() for e in by_seed.values() for _, n in e.counts.values()))
+
+
+def _first_reached(gaps) -> int:
+    """Index of the first column ≤ 0 in each row of `gaps` (len(row) where none is)."""
+    import numpy as np
+
+    reached = gaps <= 0
+    return np.where(reached.any(axis=1), reached.argmax(axis=1), gaps.shape[1])
+
+
+def crossing(run: str, method: str, arm: dict, warmup: dict, resamples: int, seed: int) -> Crossing | None:
+    """The warmup's curve against one arm's on the seeds both have, items paired by id."""
+    import numpy as np
+
+    seeds = sorted(set(arm) & set(warmup), key=lambda s: -1 if s is None else s)
+    if not seeds:
+        return None
+    ks = run_grid({"a": {s: arm[s] for s in seeds}, "w": {s: warmup[s] for s in seeds}})
+    diffs = []
+    for s in seeds:
+        qa, pa = _matrix(arm[s], ks)
+        qw, pw = _matrix(warmup[s], ks)
+        common = sorted(set(qa) & set(qw))
+        ia, iw = {q: i for i, q in enumerate(qa)}, {q: i for i, q in enumerate(qw)}
+        diffs.append(pa[[ia[q] for q in common]] - pw[[iw[q] for q in common]])
+    gap = np.mean([d.mean(axis=0) for d in diffs], axis=0)
+    rng = np.random.default_rng(seed)
+    boot = []
+    for start in range(0, resamples, BOOTSTRAP_CHUNK):
+        b = min(BOOTSTRAP_CHUNK, resamples - start)
+        boot.append(np.mean([d[rng.integers(0, len(d), size=(b, len(d)))].mean(axis=1) for d in diffs], axis=0))
+    boot = np.concatenate(boot)
+    firsts = _first_reached(boot)
+    lo, hi = (int(np.quantile(firsts, q, method="inverted_cdf")) for q in (0.025, 0.975))
+    at = lambda i: ks[i] if i < len(ks) else None  # noqa: E731
+    per_seed = [at(int(_first_reached(d.mean(axis=0)[None])[0])) for d in diffs]
+    return Crossing(run, method, seeds, ks, [round(float(g), 6) for g in gap],
+                    [(round(float(a), 6), round(float(b), 6)) for a, b in np.percentile(boot, [2.5, 97.5], axis=0).T],
+                    at(int(_first_reached(gap[None])[0])), (at(lo), at(hi)), per_seed)
+
+
+def crossings(evals, resamples: int, seed: int) -> list[Crossing]:
+    """Every arm against its run's sft_warmup, where the run sampled both."""
+    out = []
+    for run, methods in sorted(runs_with_curves(evals).items()):
+        if SFT_WARMUP not in methods:
+            continue
+        for method, arm in sorted(methods.items(), key=lambda kv: method_key(kv[0])):
+            if method != SFT_WARMUP and (c := crossing(run, method, arm, methods[SFT_WARMUP], resamples, seed)):
+                out.append(c)
+    return out
+
+
+def seed_curves(by_seed: dict, ks: list[int]) -> dict:
+    """{seed: the evaluation's curve as a list over ks}."""
+    return {s: [v for v in curve(e.counts.values(), ks).values()] for s, e in by_seed.items()}
+
+
+def _band(per_seed: dict) -> tuple[list[float], list[float], list[float]]:
+    """(mean, lowest, highest) over seeds at each k."""
+    cols = list(zip(*per_seed.values()))
+    return [sum(c) / len(c) for c in cols], [min(c) for c in cols], [max(c) for c in cols]
+
+
+def plot_pass_at_k(plt, evals, trainings, many_runs):
+    """pass@k against k (log scale): each method's mean over seeds, a band from its lowest to its
+    highest seed."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run, methods in sorted(runs_with_curves(evals).items()):
+        ks = run_grid(methods)
+        for method, by_seed in sorted(methods.items(), key=lambda kv: method_key(kv[0])):
+            mean, low, high = _band(seed_curves(by_seed, ks))
+            label = f"{run}:{method}" if many_runs else method
+            line, = ax.plot(ks, mean, marker=".", label=f"{label} ({len(by_seed)} seed(s))")
+            ax.fill_between(ks, low, high, color=line.get_color(), alpha=0.15)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="k (samples per item)", ylabel="pass@k (unbiased, from n samples)", title="pass@k", ylim=(0, 1))
+    if ax.lines:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no sampled evaluations (eval.samples, eval.curve_samples)", ha="center",
+                transform=ax.transAxes)
+    return "pass_at_k.png", fig
+
+
+def _k(k: int | None, ks: list[int]) -> str:
+    return f"> {ks[-1]}" if k is None else str(k)
+
+
+def curve_section(evals, found: list[Crossing]) -> list[str]:
+    """report.md's pass@k section: the curves' table per run, then where the warmup reaches each arm."""
+    from utils.eval.frames import markdown
+
+    import pandas as pd
+
+    runs = runs_with_curves(evals)
+    if not runs:
+        return []
+    lines = ["## pass@k curves", "",
+             "Unbiased pass@k, 1 − C(n−c, k)/C(n, k) for an item with c fully correct samples of n, averaged "
+             "over test items (utils/eval/passk.py). From each evaluation's curve pass (eval.curve_samples) "
+             "where it has one, else its mean@k samples. Each cell: the mean over seeds (lowest–highest "
+             "seed).", ""]
+    for run, methods in sorted(runs.items()):
+        ks = run_grid(methods)
+        table = {"k": ks}
+        for method, by_seed in sorted(methods.items(), key=lambda kv: method_key(kv[0])):
+            mean, low, high = _band(seed_curves(by_seed, ks))
+            table[f"{method} ({len(by_seed)})"] = [f"{fmt(m)} ({fmt(a)}–{fmt(b)})" if len(by_seed) > 1 else fmt(m)
+                                                   for m, a, b in zip(mean, low, high)]
+        lines += ([f"Run {run}:", ""] if len(runs) > 1 else []) + [markdown(pd.DataFrame(table, dtype=object)), ""]
+    if found:
+        lines += ["The gap is arm − sft_warmup in pass@k. "
+                  "Where sft_warmup's curve reaches each arm's: the smallest k at which the seed-mean of "
+                  "arm − warmup is ≤ 0, its 95% interval from resampling test items within each seed (08's "
+                  "--resamples), and the same k seed by seed (the seed spread the interval "
+                  "leaves out).", ""]
+        rows = [{"run": c.run, "arm": c.method, "seeds": len(c.seeds),
+                 "gap at k=1 (95% CI)": f"{c.gap[0]:+.4f} ({c.gap_ci[0][0]:+.4f}–{c.gap_ci[0][1]:+.4f})",
+                 "gap at the largest k (95% CI)": f"k={c.ks[-1]}: {c.gap[-1]:+.4f} ({c.gap_ci[-1][0]:+.4f}–"
+                                                  f"{c.gap_ci[-1][1]:+.4f})",
+                 "warmup reaches arm at k": _k(c.k, c.ks),
+                 "95% interval": f"{_k(c.k_ci[0], c.ks)} to {_k(c.k_ci[1], c.ks)}",
+                 "per seed": ", ".join(_k(k, c.ks) for k in c.per_seed)} for c in found]
+        lines += [markdown(pd.DataFrame(rows, dtype=object)), ""]
+    return lines
