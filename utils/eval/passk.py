@@ -66,7 +66,7 @@ def _matrix(e, ks: list[int]):
 
 def runs_with_curves(evals) -> dict[str, dict[str, dict]]:
     """{run: {method: {seed: evaluation}}} for the evaluations with sampled counts, base left out
-    (its curve is not the question); a run needs two methods or more to compare."""
+    (its curve is not the question)."""
     out: dict[str, dict[str, dict]] = {}
     for e in evals:
         if e.counts and e.method != "base":
@@ -88,20 +88,26 @@ def _first_reached(gaps) -> int:
 
 
 def crossing(run: str, method: str, arm: dict, warmup: dict, resamples: int, seed: int) -> Crossing | None:
-    """The warmup's curve against one arm's on the seeds both have, items paired by id."""
+    """The warmup's curve against one arm's on the seeds both have, items paired by id (None: no
+    seed with an item both evaluated)."""
     import numpy as np
 
     seeds = sorted(set(arm) & set(warmup), key=lambda s: -1 if s is None else s)
     if not seeds:
         return None
     ks = run_grid({"a": {s: arm[s] for s in seeds}, "w": {s: warmup[s] for s in seeds}})
-    diffs = []
+    diffs, kept = [], []
     for s in seeds:
         qa, pa = _matrix(arm[s], ks)
         qw, pw = _matrix(warmup[s], ks)
         common = sorted(set(qa) & set(qw))
+        if not common:
+            continue
         ia, iw = {q: i for i, q in enumerate(qa)}, {q: i for i, q in enumerate(qw)}
         diffs.append(pa[[ia[q] for q in common]] - pw[[iw[q] for q in common]])
+        kept.append(s)
+    if not diffs:
+        return None
     gap = np.mean([d.mean(axis=0) for d in diffs], axis=0)
     rng = np.random.default_rng(seed)
     boot = []
@@ -113,7 +119,7 @@ def crossing(run: str, method: str, arm: dict, warmup: dict, resamples: int, see
     lo, hi = (int(np.quantile(firsts, q, method="inverted_cdf")) for q in (0.025, 0.975))
     at = lambda i: ks[i] if i < len(ks) else None  # noqa: E731
     per_seed = [at(int(_first_reached(d.mean(axis=0)[None])[0])) for d in diffs]
-    return Crossing(run, method, seeds, ks, [round(float(g), 6) for g in gap],
+    return Crossing(run, method, kept, ks, [round(float(g), 6) for g in gap],
                     [(round(float(a), 6), round(float(b), 6)) for a, b in np.percentile(boot, [2.5, 97.5], axis=0).T],
                     at(int(_first_reached(gap[None])[0])), (at(lo), at(hi)), per_seed)
 
@@ -132,7 +138,7 @@ def crossings(evals, resamples: int, seed: int) -> list[Crossing]:
 
 def seed_curves(by_seed: dict, ks: list[int]) -> dict:
     """{seed: the evaluation's curve as a list over ks}."""
-    return {s: [v for v in curve(e.counts.values(), ks).values()] for s, e in by_seed.items()}
+    return {s: list(curve(e.counts.values(), ks).values()) for s, e in by_seed.items()}
 
 
 def _band(per_seed: dict) -> tuple[list[float], list[float], list[float]]:
