@@ -71,7 +71,7 @@ def runs_with_curves(evals) -> dict[str, dict[str, dict]]:
     for e in evals:
         if e.counts and e.method != "base":
             out.setdefault(e.run, {}).setdefault(e.method, {})[e.seed] = e
-    return {run: methods for run, methods in out.items() if methods}
+    return out
 
 
 def run_grid(methods: dict[str, dict]) -> list[int]:
