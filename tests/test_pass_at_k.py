@@ -119,3 +119,23 @@ def test_08_says_when_the_warmup_never_reaches_an_arm_and_refuses_bad_counts(tmp
     res = run_compare(tmp_path, "--run_id", "r")  # its input changed: 08 runs again
     assert res.returncode == 1 and "predictions.jsonl" in res.stderr and "row 1" in res.stderr
     assert "curve_correct" in res.stderr and "9 correct of 8 samples" in res.stderr
+
+
+def test_08_draws_the_curves_from_the_evaluations_sampled_deepest_and_names_the_rest(tmp_path):
+    """Seed 1's warmup and grpo had 8 samples an item, seed 2's and fixed_sft's only 4: the curve
+    runs to k = 8 on seed 1 (grpo 0.5 flat, the warmup 1 − C(7,k)/C(8,k) = k/8, reaching grpo at
+    k = 4), and the report names the shallower evaluations, rather than cutting every curve at 4."""
+    run = tmp_path / "outputs" / "r"
+    _evaluation(run / "seed_1", "grpo", 1, [(8, 8), (0, 8)] * 10)
+    _evaluation(run / "seed_1", "sft_warmup", 1, [(1, 8)] * 20)
+    _evaluation(run / "seed_1", "fixed_sft", 1, [(4, 4)] * 20, field="sampled")
+    _evaluation(run / "seed_2", "grpo", 2, [(0, 4)] * 20, field="sampled")
+    _evaluation(run / "seed_2", "sft_warmup", 2, [(4, 4)] * 20, field="sampled")
+    res = run_compare(tmp_path, "--run_id", "r", "--resamples", "200")
+    assert res.returncode == 0, res.stderr
+    report = (run / "08_compare_runs" / "report.md").read_text()
+    assert "| k | grpo (1) | sft_warmup (1) |" in report and "| 8 | 0.5000 | 1.0000 |" in report
+    assert ("Run r leaves out the evaluations with fewer samples an item than its 8: grpo seed 2 (4); "
+            "fixed_sft seed 1 (4); sft_warmup seed 2 (4).") in report
+    grpo = next(line for line in report.splitlines() if line.startswith("| r | grpo | 1 |")).split(" | ")
+    assert grpo[3].startswith("+0.3750 (") and grpo[4].startswith("k=8: -0.5000 (") and grpo[5] == "4"

@@ -9,7 +9,9 @@ item's (c, n) into predictions.jsonl, so any k ≤ n can be recomputed from it.
 08 draws the curve of sft_warmup and every arm of a run (the mean over seeds with the lowest and
 highest seed as a band) and asks where the warmup's curve reaches each arm's: the smallest k on
 the grid at which the seed-mean of arm − warmup is ≤ 0, with a 95% interval from resampling the
-test items within each seed (the seed-to-seed spread is shown beside it, seed by seed).
+test items within each seed (the seed-to-seed spread is shown beside it, seed by seed). Within a
+run it uses the evaluations sampled deepest (a study's curve-pass seeds beside seeds with mean@k's
+samples only) and names the others in the report.
 """
 from __future__ import annotations
 
@@ -64,7 +66,12 @@ def _matrix(e, ks: list[int]):
     return qids, np.array([[pass_at_k(e.counts[q][1], e.counts[q][0], k) for k in ks] for q in qids])
 
 
-def runs_with_curves(evals) -> dict[str, dict[str, dict]]:
+def _depth(e) -> int:
+    """The fewest samples any of an evaluation's items has."""
+    return min(n for _, n in e.counts.values())
+
+
+def _sampled(evals) -> dict[str, dict[str, dict]]:
     """{run: {method: {seed: evaluation}}} for the evaluations with sampled counts, base left out
     (its curve is not the question)."""
     out: dict[str, dict[str, dict]] = {}
@@ -72,6 +79,36 @@ def runs_with_curves(evals) -> dict[str, dict[str, dict]]:
         if e.counts and e.method != "base":
             out.setdefault(e.run, {}).setdefault(e.method, {})[e.seed] = e
     return out
+
+
+def runs_with_curves(evals) -> dict[str, dict[str, dict]]:
+    """`_sampled`, keeping in each run only the evaluations sampled deepest: when seeds 1–3 had the
+    curve pass (64 samples an item) and the later seeds only mean@k's 4, the curves come from the
+    64-sample evaluations, rather than every curve stopping at k = 4. `left_out` names the rest."""
+    out: dict[str, dict[str, dict]] = {}
+    for run, methods in _sampled(evals).items():
+        deepest = max(_depth(e) for by_seed in methods.values() for e in by_seed.values())
+        kept = {m: {s: e for s, e in by_seed.items() if _depth(e) == deepest} for m, by_seed in methods.items()}
+        out[run] = {m: by_seed for m, by_seed in kept.items() if by_seed}
+    return out
+
+
+def left_out(evals) -> list[str]:
+    """One line per run naming the sampled evaluations `runs_with_curves` leaves out."""
+    lines = []
+    for run, methods in sorted(_sampled(evals).items()):
+        depths = {(m, s): _depth(e) for m, by_seed in methods.items() for s, e in by_seed.items()}
+        deepest = max(depths.values())
+        short: dict[tuple[str, int], list] = {}
+        for (m, s), n in depths.items():
+            if n < deepest:
+                short.setdefault((m, n), []).append(s)
+        if short:
+            parts = [f"{m} seed {', '.join(str(s) for s in sorted(seeds, key=lambda s: -1 if s is None else s))} "
+                     f"({n})" for (m, n), seeds in sorted(short.items(), key=lambda kv: method_key(kv[0][0]))]
+            lines.append(f"Run {run} leaves out the evaluations with fewer samples an item than its {deepest}: "
+                         + "; ".join(parts) + ".")
+    return lines
 
 
 def run_grid(methods: dict[str, dict]) -> list[int]:
@@ -186,6 +223,8 @@ def curve_section(evals, found: list[Crossing]) -> list[str]:
              "over test items (utils/eval/passk.py). From each evaluation's curve pass (eval.curve_samples) "
              "where it has one, else its mean@k samples. Each cell: the mean over seeds (lowest–highest "
              "seed).", ""]
+    if omitted := left_out(evals):
+        lines += [" ".join(omitted), ""]
     for run, methods in sorted(runs.items()):
         ks = run_grid(methods)
         table = {"k": ks}
