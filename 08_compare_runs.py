@@ -32,7 +32,7 @@ from utils.eval.compare import (DEFAULT_RESAMPLES, compare_settings, find_run_di
                                 source_files)
 from utils.eval.frames import summary_csv
 from utils.eval.paired import across_runs, comparisons
-from utils.eval.passk import crossings
+from utils.eval.curves import crossings
 from utils.eval.report import plot_all, render_report
 
 STAGE = "08_compare_runs"

@@ -17,7 +17,7 @@ from utils.eval.compare import PHASES, Evaluation, Training, config_diff, fmt, c
 from utils.eval import frames
 from utils.eval.frames import across_seeds, ci, evaluations, markdown, sampled, select
 from utils.eval.mechanism import mechanism_section, plot_mechanism
-from utils.eval.passk import Crossing, curve_section, plot_pass_at_k
+from utils.eval.curves import Crossing, curve_section, plot_pass_at_k
 
 
 # ---------------------------------------------------------------------------------------- plots
