@@ -119,6 +119,13 @@ def test_08_says_when_the_warmup_never_reaches_an_arm_and_refuses_bad_counts(tmp
     res = run_compare(tmp_path, "--run_id", "r")  # its input changed: 08 runs again
     assert res.returncode == 1 and "predictions.jsonl" in res.stderr and "row 1" in res.stderr
     assert "curve_correct" in res.stderr and "9 correct of 8 samples" in res.stderr
+    rows = bad.read_text().splitlines()
+    row = json.loads(rows[2])
+    del row["curve_correct"], row["curve_n"]
+    bad.write_text("\n".join([rows[0].replace('"curve_correct": 9', '"curve_correct": 2'), rows[1], json.dumps(row)]
+                             + rows[3:]) + "\n")
+    res = run_compare(tmp_path, "--run_id", "r")  # a row without counts among counted ones is an error too
+    assert res.returncode == 1 and "row 3" in res.stderr and "no sample counts" in res.stderr
 
 
 def test_08_draws_the_curves_from_the_evaluations_sampled_deepest_and_names_the_rest(tmp_path):

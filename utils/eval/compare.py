@@ -124,7 +124,7 @@ def load_evaluation(directory: Path, outputs: Path) -> Evaluation:
     field_name = {"greedy": "answer", "mean_at_k": "mean_at_k"}.get(primary)
     if field_name is None:
         raise CompareError(f"{metrics_path}: primary '{primary}' is not a known metric (greedy, mean_at_k)")
-    scores, counts = {}, {}
+    scores, counts, uncounted = {}, {}, None
     for i, row in _read_jsonl(preds):
         for key in ("qid", field_name):
             if key not in row:
@@ -135,11 +135,15 @@ def load_evaluation(directory: Path, outputs: Path) -> Evaluation:
         scores[str(row["qid"])] = float(value)
         if (c := sample_counts(row, preds, i)) is not None:
             counts[str(row["qid"])] = c
+        elif uncounted is None:
+            uncounted = i
+    if counts and uncounted is not None:
+        raise DataError(preds, uncounted, "curve_n", "no sample counts (curve_n, sampled_n or sampled) where "
+                        "other rows have them: every item of a sampled evaluation is counted")
     run, seed = run_label(directory.parent.parent, outputs)
     checkpoint = str(metrics["checkpoint"])
     method = checkpoint if checkpoint in CHECKPOINTS else directory.name
-    return Evaluation(run, manifest.get("seed", seed), method, directory, metrics, scores, manifest, primary,
-                      counts if len(counts) == len(scores) else {})
+    return Evaluation(run, manifest.get("seed", seed), method, directory, metrics, scores, manifest, primary, counts)
 
 
 COUNT_FIELDS = (("curve_correct", "curve_n"), ("sampled_correct", "sampled_n"))  # 07's, the curve pass's first
