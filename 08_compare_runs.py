@@ -28,8 +28,8 @@ from utils.core.cli import parse_stage_args, stage_parser
 from utils.core.manifest import StageRun, atomic_write_text
 from utils.core.config import repo_path
 from utils.core.stages import StageError, run_main, stage_dir
-from utils.eval.compare import (DEFAULT_RESAMPLES, compare_settings, find_run_dirs, load_evaluation, load_trainings, resolve_sources,
-                                source_files)
+from utils.eval.compare import (DEFAULT_RESAMPLES, compare_settings, find_run_dirs, load_evaluation, load_trainings,
+                                refuse_duplicates, resolve_sources, source_files)
 from utils.eval.frames import summary_csv
 from utils.eval.paired import across_runs, comparisons
 from utils.eval.curves import crossings
@@ -59,6 +59,7 @@ def main(argv=None) -> int:
         if not evals:
             raise StageError(f"no completed 07_evaluate/*/metrics.json under {', '.join(map(str, sources))}: "
                              "run 07_evaluate.py (or 09_driver.py) first")
+        refuse_duplicates(evals)
         for p in source_files(evals, trainings):
             run.add_input(p)
         # the tests first: a bad --across pair stops the stage before it writes anything

@@ -85,6 +85,11 @@ def read_jsonl(path: Path) -> list[dict]:
     return [obj for _, obj in read_records(Path(path))]
 
 
+def jsonl_text(records: Iterable[dict]) -> str:
+    """One sorted-key JSON object per line."""
+    return "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in records)
+
+
 def write_jsonl(path: Path, records: Iterable[dict]) -> None:
     """One sorted-key JSON object per line, written atomically."""
-    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in records))
+    atomic_write_text(path, jsonl_text(records))

@@ -146,6 +146,18 @@ def load_evaluation(directory: Path, outputs: Path) -> Evaluation:
     return Evaluation(run, manifest.get("seed", seed), method, directory, metrics, scores, manifest, primary, counts)
 
 
+def refuse_duplicates(evals: list[Evaluation]) -> None:
+    """Refuse two evaluations of one (run, seed, checkpoint), such as a study's seed in outputs/ and in
+    its archive (utils/run/archive.py) both named in --runs: one would silently stand for the other."""
+    seen: dict[tuple, Path] = {}
+    for e in evals:
+        key = (e.run, e.seed, e.method)
+        if key in seen:
+            raise CompareError(f"two evaluations of run {e.run}, seed {e.seed}, {e.method}: {seen[key]} and "
+                               f"{e.directory}; pass --runs so that each seed of a run is read from one place")
+        seen[key] = e.directory
+
+
 COUNT_FIELDS = (("curve_correct", "curve_n"), ("sampled_correct", "sampled_n"))  # 07's, the curve pass's first
 
 

@@ -1,0 +1,162 @@
+"""Archive a study's records: `python -m utils.run.archive RUN DEST`.
+
+Copies what 08_compare_runs reads from a run folder (outputs/<run_id>, or a run id) into DEST, in the
+same layout, so that 08 re-derives every verdict, table and curve of the run from DEST alone
+(`08_compare_runs.py --runs DEST`) and later seeds join it from another session or machine:
+
+- every completed `07_evaluate/<checkpoint>/`: metrics.json, manifest.json and
+  samples/predictions.jsonl with each record's scores and counts only (`slim_record`: the
+  transcripts are dropped, so a seed's records are tens of kilobytes);
+- every completed trainer's metrics.jsonl and manifest.json (05_train_red_grpo/<method>/,
+  06_ablate_grpo_only/<method>/), for the training curves and RED's mechanism.
+
+DEST is named like the run it holds (`docs/records/study` holds `study`): 08 names a run outside
+outputs/ by its folder. What DEST already holds and RUN lacks is kept (a seed archived in an earlier
+session stays); what both hold is replaced by RUN's. Every evaluation is checked as 08 checks it
+before anything is written, and each folder is written whole or not at all (built beside its place,
+then renamed). DEST/archive.json lists each archived folder with its source, the commit that
+wrote it and the CPU of the machine that archived it (archive on the box that ran the study).
+Exit status 0, or 2 on an error, named with its file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+from utils.core.config import ROOT
+from utils.core.errors import StageError
+from utils.core.io import jsonl_text, read_records
+from utils.core.manifest import MANIFEST_NAME, atomic_write_json, read_manifest, utc_now
+from utils.core.methods import TRAINERS
+from utils.eval.compare import CompareError, evaluation_dirs, find_run_dirs, load_evaluation
+from utils.run.diff import find_run
+
+INDEX = "archive.json"
+KEEP_LISTS = ("sampled",)  # mean@k's per-sample scores: 08 reads them where no counts were written
+LONGEST_STRING = 200  # a record's strings longer than this (transcripts) stay behind
+
+
+def slim_record(row: dict) -> dict:
+    """A predictions.jsonl record without its transcripts: numbers, booleans, short strings and the
+    per-sample scores, which is all 08 reads."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, (bool, int, float)) or value is None:
+            out[key] = value
+        elif isinstance(value, str) and len(value) <= LONGEST_STRING:
+            out[key] = value
+        elif key in KEEP_LISTS and isinstance(value, list):
+            out[key] = value
+    return out
+
+
+def cpu_name() -> str:
+    """This machine's CPU model and widest vector extension (AVX-512, AVX2), as the docs name boxes."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    except OSError:
+        pass
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
+    return f"{model}, {vector}" if vector else model
+
+
+def _folder_files(kind: str, folder: Path) -> dict[str, bytes]:
+    """{name inside the folder: bytes} of what the archive keeps of one evaluation or training."""
+    if kind == "evaluation":
+        preds = folder / "samples" / "predictions.jsonl"
+        rows = [r for _, r in read_records(preds)]
+        return {"metrics.json": (folder / "metrics.json").read_bytes(),
+                MANIFEST_NAME: (folder / MANIFEST_NAME).read_bytes(),
+                "samples/predictions.jsonl": jsonl_text(slim_record(r) for r in rows).encode()}
+    return {"metrics.jsonl": (folder / "metrics.jsonl").read_bytes(), MANIFEST_NAME: (folder / MANIFEST_NAME).read_bytes()}
+
+
+def collect(run: Path) -> dict[str, tuple[str, Path]]:
+    """{folder inside the run: (kind, source folder)} for every completed evaluation and training, each
+    evaluation loaded as 08 loads it first (a bad one stops the archive before anything is written)."""
+    run_dirs = find_run_dirs([run])
+    if not run_dirs:
+        raise CompareError(f"{run}: no 07_evaluate/ folder in it or its seed_* folders: nothing to archive")
+    found = {}
+    for e in evaluation_dirs(run_dirs):
+        load_evaluation(e, ROOT / "outputs")
+        found[e.relative_to(run).as_posix()] = ("evaluation", e)
+    for d in run_dirs:
+        for trainer in TRAINERS:
+            for t in sorted((d / trainer).glob("*/metrics.jsonl")):
+                if (t.parent / MANIFEST_NAME).is_file() and read_manifest(t.parent).get("status") == "completed":
+                    found[t.parent.relative_to(run).as_posix()] = ("training", t.parent)
+    return found
+
+
+def _write_folder(target: Path, files: dict[str, bytes]) -> None:
+    """Build the folder beside `target`, then rename it into place (the old one, if any, goes last)."""
+    staging, old = target.with_name(f".{target.name}.new.tmp"), target.with_name(f".{target.name}.old.tmp")
+    for leftover in (staging, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    for name, data in files.items():
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+        (staging / name).write_bytes(data)
+    if target.exists():
+        target.rename(old)
+    staging.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _same(target: Path, files: dict[str, bytes]) -> bool:
+    return target.is_dir() and all((target / n).is_file() and (target / n).read_bytes() == b for n, b in files.items())
+
+
+def archive(run: Path, dest: Path) -> dict[str, list[str]]:
+    """Archive `run` into `dest`; returns {"added": [...], "replaced": [...], "unchanged": [...]}."""
+    found = collect(run)
+    index_path = dest / INDEX
+    index = json.loads(index_path.read_text()) if index_path.is_file() else {}
+    if not isinstance(index, dict):
+        raise CompareError(f"{index_path}: expected a JSON object of archived folders")
+    outcome: dict[str, list[str]] = {"added": [], "replaced": [], "unchanged": []}
+    source_cpu, archived_at = cpu_name(), utc_now()
+    for name, (kind, folder) in sorted(found.items()):
+        files = _folder_files(kind, folder)
+        target = dest / name
+        if _same(target, files):
+            outcome["unchanged"].append(name)
+            continue
+        outcome["replaced" if target.exists() else "added"].append(name)
+        _write_folder(target, files)
+        manifest = read_manifest(folder)
+        index[name] = {"kind": kind, "source": folder.relative_to(run.parent).as_posix(), "archived_on": source_cpu,
+                       "commit": manifest.get("git", {}).get("commit"), "archived_at": archived_at}
+        atomic_write_json(index_path, dict(sorted(index.items())))
+    return outcome
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m utils.run.archive", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", help="a run folder (outputs/<run_id>) or a run id")
+    ap.add_argument("dest", help="the archive folder, named like the run (e.g. docs/records/study)")
+    args = ap.parse_args(argv)
+    try:
+        outcome = archive(find_run(args.run), Path(args.dest))
+    except (OSError, ValueError, StageError) as exc:  # DataError is a ValueError, CompareError a StageError
+        print(f"utils.run.archive: error: {exc}", file=sys.stderr)
+        return 2
+    for what, names in outcome.items():
+        print(f"{what}: {len(names)}" + "".join(f"\n  {n}" for n in names if what != "unchanged"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
