@@ -37,11 +37,11 @@ def _summary(tmp_path, runs):
     return [{k: v for k, v in r.items() if k != "source"} for r in rows], report
 
 
-def test_slim_record_keeps_scores_and_counts_and_drops_transcripts():
-    row = {"qid": "test-001", "answer": 1.0, "ok": True, "gold": None, "sampled": [1.0, 0.0], "curve_n": 64,
-           "transcript": TRANSCRIPT, "turns_detail": [{"role": "planner"}], "extra": {"a": 1}}
-    assert slim_record(row) == {"qid": "test-001", "answer": 1.0, "ok": True, "gold": None, "sampled": [1.0, 0.0],
-                                "curve_n": 64}
+def test_slim_record_drops_the_transcript_and_long_fields_and_keeps_the_sample_scores():
+    row = {"qid": "test-001", "answer": 1.0, "ok": True, "error": None, "golds": ["48"], "sampled": [1.0, 0.0] * 64,
+           "curve_n": 64, "transcript": "plan: 1+1", "turns_detail": [{"role": "planner", "text": TRANSCRIPT}]}
+    assert slim_record(row) == {"qid": "test-001", "answer": 1.0, "ok": True, "error": None, "golds": ["48"],
+                                "sampled": [1.0, 0.0] * 64, "curve_n": 64}
 
 
 def test_08_reads_an_archive_as_it_reads_the_run(tmp_path):

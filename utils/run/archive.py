@@ -5,8 +5,7 @@ same layout, so that 08 re-derives every verdict, table and curve of the run fro
 (`08_compare_runs.py --runs DEST`) and later seeds join it from another session or machine:
 
 - every completed `07_evaluate/<checkpoint>/`: metrics.json, manifest.json and
-  samples/predictions.jsonl with each record's scores and counts only (`slim_record`: the
-  transcripts are dropped, so a seed's records are tens of kilobytes);
+  samples/predictions.jsonl without each record's transcript (`slim_record`), a fifth of its size;
 - every completed trainer's metrics.jsonl and manifest.json (05_train_red_grpo/<method>/,
   06_ablate_grpo_only/<method>/), for the training curves and RED's mechanism.
 
@@ -36,39 +35,35 @@ from utils.eval.compare import CompareError, evaluation_dirs, find_run_dirs, loa
 from utils.run.diff import find_run
 
 INDEX = "archive.json"
-KEEP_LISTS = ("sampled",)  # mean@k's per-sample scores: 08 reads them where no counts were written
-LONGEST_STRING = 200  # a record's strings longer than this (transcripts) stay behind
+TRANSCRIPTS = ("transcript",)  # 07's record of each episode's turns: most of a record's bytes
+KEEP = ("sampled",)  # mean@k's per-sample scores, kept whatever their length: 08 reads them
+LONGEST = 200  # any other field whose JSON is longer than this stays behind too
 
 
 def slim_record(row: dict) -> dict:
-    """A predictions.jsonl record without its transcripts: numbers, booleans, short strings and the
-    per-sample scores, which is all 08 reads."""
-    out = {}
-    for key, value in row.items():
-        if isinstance(value, (bool, int, float)) or value is None:
-            out[key] = value
-        elif isinstance(value, str) and len(value) <= LONGEST_STRING:
-            out[key] = value
-        elif key in KEEP_LISTS and isinstance(value, list):
-            out[key] = value
-    return out
+    """A predictions.jsonl record without its transcript: its scores, counts, category, prediction and
+    golds, everything 08 reads and whatever short fields a reader audits by."""
+    return {key: value for key, value in row.items() if key not in TRANSCRIPTS
+            and (key in KEEP or len(json.dumps(value, ensure_ascii=False)) <= LONGEST)}
 
 
 def cpu_name() -> str:
-    """This machine's CPU model and widest vector extension (AVX-512, AVX2), as the docs name boxes."""
-    model, flags = platform.processor() or platform.machine(), set()
+    """This machine's CPU as the docs name boxes: model, family and widest vector extension
+    ("AMD EPYC, family 25, AVX-512"); what /proc/cpuinfo lacks is left out."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-                break
+            if not key.strip():
+                break  # the first processor's block is enough
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    flags = set(fields.get("flags", "").split())
     vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
-    return f"{model}, {vector}" if vector else model
+    parts = [fields.get("model name") or platform.processor() or platform.machine(),
+             f"family {fields['cpu family']}" if "cpu family" in fields else None, vector]
+    return ", ".join(p for p in parts if p)
 
 
 def _folder_files(kind: str, folder: Path) -> dict[str, bytes]:
