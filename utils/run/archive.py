@@ -5,7 +5,7 @@ same layout, so that 08 re-derives every verdict, table and curve of the run fro
 (`08_compare_runs.py --runs DEST`) and later seeds join it from another session or machine:
 
 - every completed `07_evaluate/<checkpoint>/`: metrics.json, manifest.json and
-  samples/predictions.jsonl without each record's transcript (`slim_record`), a fifth of its size;
+  samples/predictions.jsonl without each record's transcript (`slim_record`), under half its size;
 - every completed trainer's metrics.jsonl and manifest.json (05_train_red_grpo/<method>/,
   06_ablate_grpo_only/<method>/), for the training curves and RED's mechanism.
 
