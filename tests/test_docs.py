@@ -114,6 +114,13 @@ def test_readme_keeps_the_two_commands_ci_and_newcomers_run():
     assert "bash setup.sh && .venv/bin/python -m pytest -q --full\n" in (ROOT / ".ci" / "run").read_text()
 
 
+def test_the_journal_index_lists_every_entry():
+    journal = ROOT / "docs" / "journal"
+    listed = set(re.findall(r"\]\(([\w.-]+\.md)\)", (journal / "README.md").read_text()))
+    entries = {p.name for p in journal.glob("*.md") if p.name != "README.md"}
+    assert entries - listed == set(), f"docs/journal/README.md does not list {sorted(entries - listed)}"
+
+
 @pytest.mark.parametrize("path", _docs(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(path):
     assert not broken_links(path), "\n".join(broken_links(path))
