@@ -18,6 +18,11 @@ def _study(run, seeds, lift=0):
     """A run folder with sft_warmup, grpo and red evaluated on 40 items per seed, each record with a
     transcript and sample counts, as 07 writes them."""
     for seed in seeds:
+        warmup = run / f"seed_{seed}" / "04_sft_warmup"
+        (warmup / "ckpt_sft").mkdir(parents=True)
+        (warmup / "ckpt_sft" / "adapter_model.safetensors").write_bytes(b"weights")
+        (warmup / "manifest.json").write_text(json.dumps({"stage": "04_sft_warmup", "status": "completed", "seed": seed,
+                                                          "config": {"warmup": {"steps": 800}}}))
         for method, right in (("sft_warmup", 12), ("grpo", 20 + seed + lift), ("red", 21 + seed)):
             evaluation_dir(run / f"seed_{seed}", method, seed, [float(i < right) for i in range(40)])
             preds = run / f"seed_{seed}" / "07_evaluate" / method / "samples" / "predictions.jsonl"
@@ -49,7 +54,8 @@ def test_08_reads_an_archive_as_it_reads_the_run(tmp_path):
     _study(run, (1, 2, 3))
     dest = tmp_path / "records" / "study"
     outcome = archive(run, dest)
-    assert len(outcome["added"]) == 3 * 3 + 3 * 2 and not outcome["replaced"]  # 9 evaluations, 6 trainings
+    assert len(outcome["added"]) == 3 * 3 + 3 * 2 + 3 and not outcome["replaced"]  # 9 evaluations, 6 trainings, 3 warmups
+    assert sorted(p.name for p in (dest / "seed_3" / "04_sft_warmup").iterdir()) == ["manifest.json"]
     preds = (dest / "seed_1" / "07_evaluate" / "red" / "samples" / "predictions.jsonl").read_text()
     assert "transcript" not in preds and '"curve_n": 8' in preds
     assert len(preds) < 0.2 * len((run / "seed_1" / "07_evaluate" / "red" / "samples" / "predictions.jsonl").read_text())
@@ -62,7 +68,7 @@ def test_08_reads_an_archive_as_it_reads_the_run(tmp_path):
     assert from_archive == from_run and len(from_run) == 9
     tests = lambda r: [line for line in r.splitlines() if line.startswith("| ") and "−" in line]  # noqa: E731
     assert tests(report_archive) == tests(report_run) and tests(report_run)
-    assert "pass@k" in report_archive
+    assert "pass@k" in report_archive and "04's steps, study: 800" in report_archive
 
 
 def test_seeds_archived_apart_join_and_a_rerun_replaces_only_what_changed(tmp_path):
@@ -72,8 +78,9 @@ def test_seeds_archived_apart_join_and_a_rerun_replaces_only_what_changed(tmp_pa
     _study(second, (2, 9), lift=5)  # seed 2 again, its grpo better; seed 9 is new
     archive(first, dest)
     assert archive(first, dest) == {"added": [], "replaced": [], "unchanged": sorted(
-        f"seed_{s}/{d}" for s in (1, 2) for d in ("05_train_red_grpo/red", "06_ablate_grpo_only/grpo",
-                                                  "07_evaluate/grpo", "07_evaluate/red", "07_evaluate/sft_warmup"))}
+        f"seed_{s}/{d}" for s in (1, 2) for d in ("04_sft_warmup", "05_train_red_grpo/red", "06_ablate_grpo_only/grpo",
+                                                  "07_evaluate/grpo", "07_evaluate/red",
+                                                  "07_evaluate/sft_warmup"))}
     outcome = archive(second, dest)
     assert "seed_2/07_evaluate/grpo" in outcome["replaced"] and "seed_2/07_evaluate/red" in outcome["unchanged"]
     assert "seed_9/07_evaluate/red" in outcome["added"]

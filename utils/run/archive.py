@@ -7,7 +7,8 @@ same layout, so that 08 re-derives every verdict, table and curve of the run fro
 - every completed `07_evaluate/<checkpoint>/`: metrics.json, manifest.json and
   samples/predictions.jsonl without each record's transcript (`slim_record`), under half its size;
 - every completed trainer's metrics.jsonl and manifest.json (05_train_red_grpo/<method>/,
-  06_ablate_grpo_only/<method>/), for the training curves and RED's mechanism.
+  06_ablate_grpo_only/<method>/), for the training curves and RED's mechanism;
+- each seed's 04_sft_warmup/manifest.json, for the warmup the arms started from.
 
 DEST is named like the run it holds (`docs/records/study` holds `study`): 08 names a run outside
 outputs/ by its folder. What DEST already holds and RUN lacks is kept (a seed archived in an earlier
@@ -35,6 +36,7 @@ from utils.eval.compare import CompareError, evaluation_dirs, find_run_dirs, loa
 from utils.run.diff import find_run
 
 INDEX = "archive.json"
+WARMUP = "04_sft_warmup"  # its manifest: the report names the warmup each run's arms started from
 TRANSCRIPTS = ("transcript",)  # 07's record of each episode's turns: most of a record's bytes
 KEEP = ("sampled",)  # mean@k's per-sample scores, kept whatever their length: 08 reads them
 LONGEST = 200  # any other field whose JSON is longer than this stays behind too
@@ -74,11 +76,13 @@ def _folder_files(kind: str, folder: Path) -> dict[str, bytes]:
         return {"metrics.json": (folder / "metrics.json").read_bytes(),
                 MANIFEST_NAME: (folder / MANIFEST_NAME).read_bytes(),
                 "samples/predictions.jsonl": jsonl_text(slim_record(r) for r in rows).encode()}
+    if kind == "warmup":  # 08 reads the warmup's config (its steps) only; the checkpoint stays behind
+        return {MANIFEST_NAME: (folder / MANIFEST_NAME).read_bytes()}
     return {"metrics.jsonl": (folder / "metrics.jsonl").read_bytes(), MANIFEST_NAME: (folder / MANIFEST_NAME).read_bytes()}
 
 
 def collect(run: Path) -> dict[str, tuple[str, Path]]:
-    """{folder inside the run: (kind, source folder)} for every completed evaluation and training, each
+    """{folder inside the run: (kind, source folder)} for every completed evaluation, training and warmup, each
     evaluation loaded as 08 loads it first (a bad one stops the archive before anything is written)."""
     run_dirs = find_run_dirs([run])
     if not run_dirs:
@@ -88,6 +92,9 @@ def collect(run: Path) -> dict[str, tuple[str, Path]]:
         load_evaluation(e, ROOT / "outputs")
         found[e.relative_to(run).as_posix()] = ("evaluation", e)
     for d in run_dirs:
+        warmup = d / WARMUP
+        if (warmup / MANIFEST_NAME).is_file() and read_manifest(warmup).get("status") == "completed":
+            found[warmup.relative_to(run).as_posix()] = ("warmup", warmup)
         for trainer in TRAINERS:
             for t in sorted((d / trainer).glob("*/metrics.jsonl")):
                 if (t.parent / MANIFEST_NAME).is_file() and read_manifest(t.parent).get("status") == "completed":
