@@ -1,0 +1,79 @@
+"""docs/records/study, the default study's archived records (utils/run/archive.py): every archived
+evaluation loads as 08 loads it, archive.json lists exactly what is there, and each seed's mean@4 is
+the figure docs/RESULTS.md quotes for it, so the results and the records behind them cannot drift."""
+import json
+import re
+
+import pytest
+
+from utils.core.config import ROOT
+from utils.core.manifest import read_manifest
+from utils.eval.compare import evaluation_dirs, find_run_dirs, load_evaluation
+
+RECORDS = ROOT / "docs" / "records" / "study"
+RESULTS = ROOT / "docs" / "RESULTS.md"
+SEEDS = (1, 2, 3)  # the seeds of RESULTS' three-seed table
+
+
+def _evaluations():
+    return [load_evaluation(d, ROOT / "outputs") for d in evaluation_dirs(find_run_dirs([RECORDS]))]
+
+
+def _three_seed_table() -> dict[str, list[float]]:
+    """{checkpoint: [mean@4 of seeds 1, 2, 3]} from RESULTS' three-seed table."""
+    section = RESULTS.read_text().split("## The three-seed study", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        m = re.match(r"\| \**([a-z_]+)\**(?: \([^|]*\))? \| ([0-9.]+) / ([0-9.]+) / ([0-9.]+) \|", line)
+        if m:
+            rows[m.group(1)] = [float(x) for x in m.groups()[1:]]
+    return rows
+
+
+def _curve_table() -> tuple[list[int], dict[str, list[list[float]]]]:
+    """(the k, {checkpoint: [[pass@k of each seed] for each k]}) from RESULTS' per-seed curve table."""
+    section = RESULTS.read_text().split("## pass@k curves", 1)[1].split("\n## ", 1)[0]
+    lines = section.split("pass@k, seed 1 / seed 2", 1)[1].splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("| k |"))
+    ks = [int(x) for x in lines[first].strip("| ").split(" | ")[1:]]
+    rows = {}
+    for line in lines[first + 2:lines.index("", first)]:  # below the header and its rule, to the first blank line
+        m = re.match(r"\| ([a-z_]+) \| (.*) \|$", line)
+        if m:
+            rows[m.group(1)] = [[float(x) for x in cell.split(" / ")] for cell in m.group(2).split(" | ")]
+    return ks, rows
+
+
+def test_every_archived_evaluation_loads_and_the_index_lists_what_is_there():
+    evals = _evaluations()
+    assert evals, f"{RECORDS}: no archived evaluation"
+    for e in evals:
+        assert e.run == "study" and e.directory.parent.parent.name == f"seed_{e.seed}"
+        assert e.metrics["n"] == len(e.scores) == 200 and e.primary == "mean_at_k"
+    index = json.loads((RECORDS / "archive.json").read_text())
+    folders = {p.parent.relative_to(RECORDS).as_posix() for p in RECORDS.rglob("manifest.json")}
+    assert set(index) == folders
+    for name, entry in index.items():
+        assert entry["archived_on"] and entry["kind"] in ("evaluation", "training", "warmup")
+        assert read_manifest(RECORDS / name)["status"] == "completed"
+
+
+def test_each_seeds_mean_at_4_is_the_figure_results_quotes():
+    table = _three_seed_table()
+    assert {"sft_warmup", "grpo", "red", "fixed_sft", "matched_sft"} <= set(table)
+    checked = 0
+    for e in _evaluations():
+        if e.seed in SEEDS and e.method in table:
+            assert e.metrics["mean@4"] == pytest.approx(table[e.method][SEEDS.index(e.seed)], abs=5.1e-5), (e.method, e.seed)
+            checked += 1
+    assert checked >= 6
+
+
+def test_each_seeds_curve_is_the_figure_results_quotes():
+    ks, table = _curve_table()
+    assert ks == [1, 2, 4, 8, 16, 32, 64] and {"sft_warmup", "grpo", "red"} <= set(table)
+    curves = {(e.method, e.seed): e.metrics["pass_at_k_curve"] for e in _evaluations() if "pass_at_k_curve" in e.metrics}
+    for method, cells in table.items():
+        for seed_index, seed in enumerate((1, 2)):
+            curve = curves[(method, seed)]
+            assert [round(curve[str(k)], 3) for k in ks] == [cell[seed_index] for cell in cells], (method, seed)
