@@ -35,8 +35,8 @@ from utils.core.manifest import rel
 from utils.core.methods import METHODS, STUDY
 from utils.core.signals import TERMINATED_EXIT, Terminated, exit_without_teardown, sigterm_as_interrupt, stop_word
 from utils.core.stages import DISK_ERRORS, disk_error
-from utils.run.driver import (REPORT, RunManifest, dry_run, plan, run_batch, run_sequential, stage_count,
-                              stage_path)
+from utils.run.driver import (REPORT, RunManifest, dry_run, plan, run_batch, run_sequential, parse_seeds,
+                              stage_count, stage_path)
 
 
 def main(argv=None) -> int:
@@ -69,14 +69,11 @@ def main(argv=None) -> int:
         ap.error(f"--method {args.method!r}: unknown method {', '.join(map(repr, unknown)) or '(none given)'}; "
                  f"valid: {', '.join(METHODS)}, all, or a comma-separated list")
     methods = list(dict.fromkeys(methods))  # a method named twice runs once
-    try:
-        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [None]
-    except ValueError:
-        ap.error(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 1,2,3")
     base = ["--model", args.model, "--data", args.data, *(["--config", args.config] if args.config else []),
             *(a for item in args.overrides for a in ("--set", item))]
     root = base + ["--run_id", args.run_id]
     run_root = stage_path(root, REPORT).parent
+    seeds = parse_seeds(ap, args.seeds, run_root, args.run_id)
     if args.dry_run:
         n = dry_run(plan(methods), seeds, lambda seed: _common(args, seeds, base, seed), root, args.force)
         print(f"09_driver: dry run: {n} stage(s) to run; nothing was run or written")

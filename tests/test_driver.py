@@ -167,6 +167,28 @@ def test_method_lists_are_parsed_and_unknown_names_refused(tmp_path, capsys, mon
     assert "unknown method 'bogus'; valid: red, grpo" in capsys.readouterr().err
 
 
+def test_one_seed_is_refused_beside_a_multi_seed_runs_seed_folders(tmp_path, capsys, monkeypatch):
+    """One seed writes into the run folder itself: beside seed_1/ and seed_2/ it would mix the layouts,
+    so the driver refuses and names the way in (--run_id study/seed_3), which it then accepts."""
+    import importlib
+
+    driver = importlib.import_module("09_driver")
+    monkeypatch.setattr(driver, "_run", lambda *args: 0)
+    common = ["--method", "red", "--set", f"outputs_dir={tmp_path}"]
+    assert driver.main([*common, "--seeds", "3", "--run_id", "study"]) == 0  # no seed folders yet: fine
+    for s in (1, 2):
+        (tmp_path / "study" / f"seed_{s}").mkdir(parents=True)
+    for seeds in (["--seeds", "3"], []):
+        with pytest.raises(SystemExit) as exc:
+            driver.main([*common, *seeds, "--run_id", "study"])
+        assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "holds a multi-seed run (seed_1, seed_2)" in err and "--seeds 3 --run_id study/seed_3" in err
+    assert "--seeds N --run_id study/seed_N" in err
+    assert driver.main([*common, "--seeds", "3", "--run_id", "study/seed_3"]) == 0
+    assert driver.main([*common, "--seeds", "3,4", "--run_id", "study"]) == 0  # several seeds go into seed folders
+
+
 def test_a_config_change_is_named_key_by_key():
     from utils.run.driver import config_changes
 

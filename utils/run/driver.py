@@ -72,6 +72,30 @@ def plan(methods: list[str]) -> list[Step]:
 
 REPORT = Step("08_compare_runs", "08_compare_runs")
 
+
+def parse_seeds(ap, text: str | None, run_root: Path, run_id: str) -> list:
+    """09's --seeds as a list ([None]: the config's seed), refused with `ap.error` (exit 2) where it does
+    not parse or where one seed would write beside a multi-seed run's seed folders (`single_seed_clash`)."""
+    try:
+        seeds = [int(s) for s in text.split(",")] if text else [None]
+    except ValueError:
+        ap.error(f"--seeds {text!r}: expected comma-separated integers, e.g. 1,2,3")
+    if clash := single_seed_clash(run_root, run_id, seeds):
+        ap.error(clash)
+    return seeds
+
+
+def single_seed_clash(run_root: Path, run_id: str, seeds: list) -> str | None:
+    """Why a one-seed run may not go into `run_root`, or None: one seed writes into the run folder
+    itself, so beside a multi-seed run's seed_<s>/ folders it would mix the two layouts (and 08
+    would read the stray stages as a run of their own). The message says how to add the seed."""
+    folders = sorted(p.name for p in run_root.glob("seed_*") if p.is_dir()) if len(seeds) == 1 else []
+    if not folders:
+        return None
+    seed = seeds[0] if seeds[0] is not None else "N"
+    return (f"--run_id {run_id}: {rel(run_root)} holds a multi-seed run ({', '.join(folders)}), and one seed "
+            f"writes into the run folder itself; add seed {seed} to it with --seeds {seed} --run_id {run_id}/seed_{seed}")
+
 # What a stage imports that is slow to import, by script: with `fork`, the driver imports it once,
 # before the first stage that needs it, and every later stage forked from the driver has it already
 # (docs/PERFORMANCE.md). vLLM's modules (11 s on a 2-core box) only for a stage whose config samples with
