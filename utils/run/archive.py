@@ -32,7 +32,7 @@ from utils.core.errors import StageError
 from utils.core.io import jsonl_text, read_records
 from utils.core.manifest import MANIFEST_NAME, atomic_write_json, read_manifest, utc_now
 from utils.core.methods import TRAINERS
-from utils.eval.compare import CompareError, evaluation_dirs, find_run_dirs, load_evaluation
+from utils.eval.compare import CompareError, evaluation_dirs, find_run_dirs, load_evaluation, load_trainings
 from utils.run.diff import find_run
 
 INDEX = "archive.json"
@@ -81,24 +81,24 @@ def _folder_files(kind: str, folder: Path) -> dict[str, bytes]:
     return {"metrics.jsonl": (folder / "metrics.jsonl").read_bytes(), MANIFEST_NAME: (folder / MANIFEST_NAME).read_bytes()}
 
 
-def collect(run: Path) -> dict[str, tuple[str, Path]]:
-    """{folder inside the run: (kind, source folder)} for every completed evaluation, training and warmup, each
-    evaluation loaded as 08 loads it first (a bad one stops the archive before anything is written)."""
+def collect(run: Path) -> dict[str, tuple[str, Path, dict]]:
+    """{folder inside the run: (kind, source folder, its manifest)} for every completed evaluation,
+    training and warmup, each evaluation loaded as 08 loads it first (a bad one stops the archive
+    before anything is written) and the trainings found as 08 finds them (`load_trainings`)."""
     run_dirs = find_run_dirs([run])
     if not run_dirs:
         raise CompareError(f"{run}: no 07_evaluate/ folder in it or its seed_* folders: nothing to archive")
+    outputs = ROOT / "outputs"
     found = {}
-    for e in evaluation_dirs(run_dirs):
-        load_evaluation(e, ROOT / "outputs")
-        found[e.relative_to(run).as_posix()] = ("evaluation", e)
+    for e in (load_evaluation(d, outputs) for d in evaluation_dirs(run_dirs)):
+        found[e.directory.relative_to(run).as_posix()] = ("evaluation", e.directory, e.manifest)
+    for t in load_trainings(run_dirs, outputs):
+        if t.manifest.get("status") == "completed":
+            found[t.directory.relative_to(run).as_posix()] = ("training", t.directory, t.manifest)
     for d in run_dirs:
         warmup = d / WARMUP
-        if (warmup / MANIFEST_NAME).is_file() and read_manifest(warmup).get("status") == "completed":
-            found[warmup.relative_to(run).as_posix()] = ("warmup", warmup)
-        for trainer in TRAINERS:
-            for t in sorted((d / trainer).glob("*/metrics.jsonl")):
-                if (t.parent / MANIFEST_NAME).is_file() and read_manifest(t.parent).get("status") == "completed":
-                    found[t.parent.relative_to(run).as_posix()] = ("training", t.parent)
+        if (warmup / MANIFEST_NAME).is_file() and (manifest := read_manifest(warmup)).get("status") == "completed":
+            found[warmup.relative_to(run).as_posix()] = ("warmup", warmup, manifest)
     return found
 
 
@@ -129,7 +129,7 @@ def archive(run: Path, dest: Path) -> dict[str, list[str]]:
         raise CompareError(f"{index_path}: expected a JSON object of archived folders")
     outcome: dict[str, list[str]] = {"added": [], "replaced": [], "unchanged": []}
     source_cpu, archived_at = cpu_name(), utc_now()
-    for name, (kind, folder) in sorted(found.items()):
+    for name, (kind, folder, manifest) in sorted(found.items()):
         files = _folder_files(kind, folder)
         target = dest / name
         if _same(target, files):
@@ -137,7 +137,6 @@ def archive(run: Path, dest: Path) -> dict[str, list[str]]:
             continue
         outcome["replaced" if target.exists() else "added"].append(name)
         _write_folder(target, files)
-        manifest = read_manifest(folder)
         index[name] = {"kind": kind, "source": folder.relative_to(run.parent).as_posix(), "archived_on": source_cpu,
                        "commit": manifest.get("git", {}).get("commit"), "archived_at": archived_at}
         atomic_write_json(index_path, dict(sorted(index.items())))
