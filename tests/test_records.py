@@ -30,10 +30,14 @@ def _three_seed_table() -> dict[str, list[float]]:
     return rows
 
 
-def _curve_table() -> tuple[list[int], dict[str, list[list[float]]]]:
-    """(the k, {checkpoint: [[pass@k of each seed] for each k]}) from RESULTS' per-seed curve table."""
+def _curve_table() -> tuple[list[int], list[int], dict[str, list[list[float]]]]:
+    """(the seeds, the k, {checkpoint: [[pass@k of each seed] for each k]}) from RESULTS' per-seed
+    curve table, whose caption names its seeds ("pass@k, seed 1 / seed 2 / ...")."""
     section = RESULTS.read_text().split("## pass@k curves", 1)[1].split("\n## ", 1)[0]
-    lines = section.split("pass@k, seed 1 / seed 2", 1)[1].splitlines()
+    caption = re.search(r"^pass@k, (seed \d+(?: / seed \d+)*) ", section, re.M)
+    assert caption, "RESULTS' pass@k section: no caption 'pass@k, seed 1 / seed 2 ...' above its table"
+    seeds = [int(s.removeprefix("seed ")) for s in caption.group(1).split(" / ")]
+    lines = section[caption.end():].splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("| k |"))
     ks = [int(x) for x in lines[first].strip("| ").split(" | ")[1:]]
     rows = {}
@@ -41,7 +45,7 @@ def _curve_table() -> tuple[list[int], dict[str, list[list[float]]]]:
         m = re.match(r"\| ([a-z_]+) \| (.*) \|$", line)
         if m:
             rows[m.group(1)] = [[float(x) for x in cell.split(" / ")] for cell in m.group(2).split(" | ")]
-    return ks, rows
+    return seeds, ks, rows
 
 
 def test_every_archived_evaluation_loads_and_the_index_lists_what_is_there():
@@ -70,10 +74,11 @@ def test_each_seeds_mean_at_4_is_the_figure_results_quotes():
 
 
 def test_each_seeds_curve_is_the_figure_results_quotes():
-    ks, table = _curve_table()
-    assert ks == [1, 2, 4, 8, 16, 32, 64] and {"sft_warmup", "grpo", "red"} <= set(table)
+    seeds, ks, table = _curve_table()
+    assert ks == [1, 2, 4, 8, 16, 32, 64] and {"sft_warmup", "grpo", "red"} <= set(table) and len(seeds) >= 2
     curves = {(e.method, e.seed): e.metrics["pass_at_k_curve"] for e in _evaluations() if "pass_at_k_curve" in e.metrics}
     for method, cells in table.items():
-        for seed_index, seed in enumerate((1, 2)):
+        assert all(len(cell) == len(seeds) for cell in cells), (method, "a cell per seed named in the caption")
+        for seed_index, seed in enumerate(seeds):
             curve = curves[(method, seed)]
             assert [round(curve[str(k)], 3) for k in ks] == [cell[seed_index] for cell in cells], (method, seed)
