@@ -190,7 +190,7 @@ def test_one_seed_is_refused_beside_a_multi_seed_runs_seed_folders(tmp_path, cap
 
 
 def test_a_config_change_is_named_key_by_key():
-    from utils.run.driver import config_changes
+    from utils.run.freshness import config_changes
 
     recorded = {"algorithm": {"rl": {"lr": 1e-4, "steps": 30}, "name": "red"}, "seed": 1, "old": True}
     assert config_changes(recorded, recorded) == "the config hash differs"
@@ -213,7 +213,8 @@ def _recorded_rl_stage(tmp_path, recorded: dict):
 def test_a_setting_added_at_its_default_keeps_a_stage_up_to_date(tmp_path):
     from utils.core.loader import load_run_config
     from utils.core.stages import stage_config
-    from utils.run.driver import _verdict, without_new_defaults
+    from utils.run.driver import _verdict
+    from utils.run.freshness import without_new_defaults
 
     # the two settings at their schema defaults (the default regime sets both otherwise)
     cfg = load_run_config(overrides=[*EVERY_QUESTION, "algorithm.rl.lr_warmup_steps=0"])
@@ -254,3 +255,39 @@ def test_a_setting_that_changes_only_what_a_step_logs_keeps_a_stage_up_to_date(t
     other["algorithm"]["rl"]["lr"] = 0.5
     assert _verdict(path, other, cfg) == (False, "config changed: algorithm.rl.lr 0.0004 → 0.5, "
                                                  "algorithm.rl.mismatch_every added (= 5)")
+
+
+def test_an_evaluation_with_a_curve_pass_is_kept_when_a_plain_one_is_asked_for(tmp_path):
+    """07's curve pass (eval.curve_samples) samples after the greedy and mean@k passes, so a curve
+    evaluation holds a plain one's figures: a driver run without the setting keeps it (it used to
+    re-run 07 and drop the curve); asking for a curve the evaluation lacks, or for another n, or
+    changing anything beside it, still re-runs it."""
+    from utils.core.loader import load_run_config
+    from utils.core.manifest import StageRun
+    from utils.core.stages import evaluation_settings
+    from utils.run.driver import _verdict
+
+    plain = evaluation_settings(load_run_config(), "grpo")
+    curve = evaluation_settings(load_run_config(overrides=["eval.curve_samples=64"]), "grpo")
+    greedy_only = ["eval.samples=0", "eval.primary=greedy"]  # the curve then brings the temperature too
+    bare = evaluation_settings(load_run_config(overrides=greedy_only), "grpo")
+    bare_curve = evaluation_settings(load_run_config(overrides=[*greedy_only, "eval.curve_samples=8"]), "grpo")
+    assert "temperature" in json.dumps(bare_curve) and "temperature" not in json.dumps(bare)
+
+    def recorded(config, name):
+        d = tmp_path / name / "07_evaluate" / "grpo"
+        with StageRun("07_evaluate", d, config):
+            pass
+        return d / "manifest.json"
+
+    cfg = load_run_config()
+    kept = "holds a pass@k curve (eval.curve_samples = 64) beside the figures asked for; kept"
+    assert _verdict(recorded(curve, "curve"), plain, cfg) == (True, f"up to date; {kept} (07 by hand replaces it)")
+    assert _verdict(recorded(bare_curve, "bare"), bare, cfg)[0] is True
+    assert _verdict(recorded(plain, "plain"), curve, cfg) == (False, "config changed: eval.curve_samples added (= 64)")
+    other_n = evaluation_settings(load_run_config(overrides=["eval.curve_samples=32"]), "grpo")
+    assert _verdict(tmp_path / "curve" / "07_evaluate" / "grpo" / "manifest.json", other_n, cfg) == (
+        False, "config changed: eval.curve_samples 64 → 32")
+    hotter = evaluation_settings(load_run_config(overrides=["algorithm.rl.temperature=1.0"]), "grpo")
+    assert _verdict(tmp_path / "curve" / "07_evaluate" / "grpo" / "manifest.json", hotter, cfg)[0] is False
+    assert _verdict(recorded(bare_curve, "bare2"), plain, cfg)[0] is False  # the plain run asks for mean@k too

@@ -4,7 +4,7 @@ A stage is skipped (the `dvc repro` rule, docs/ARCHITECTURE.md "Stages") when it
 completed, its config hash equals the hash of the config slice it would run with now, every
 recorded input still hashes the same, and every recorded parent manifest still has the same
 digest. Anything else (a new config value, a changed input, a re-run parent, a killed run) runs
-it again. The per-method steps come from the method registry (utils/core/methods.py); a stage's
+it again; the config differences that do not are in utils/run/freshness.py. The per-method steps come from the method registry (utils/core/methods.py); a stage's
 hash is computed from the stage table (utils/core/stages.py), never by importing the scripts.
 """
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from utils.core.methods import BASE, METHODS, SFT_WARMUP
 from utils.core.signals import run_child, run_forked, stop_word
 from utils.core.stages import evaluation_settings, stage_config, stage_dir
 from utils.eval.compare import DEFAULT_RESAMPLES, compare_settings
-from utils.run.diff import flatten
+from utils.run.freshness import config_changes, kept_despite, without_new_defaults
 
 DATA_STAGES = ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces", "04_sft_warmup")
 
@@ -145,65 +144,6 @@ def expected_sha(step: Step, common: list[str]) -> tuple[str, object]:
     return config_sha256(config), cfg
 
 
-def config_changes(recorded: dict, now: dict, shown: int = 3) -> str:
-    """What differs between a manifest's recorded config slice and the one a run would use now, as
-    dotted keys: `key old → new`, `key added (= value)` (a setting the recorded run did not have,
-    e.g. one a newer version of the code introduced) or `key removed`; the first `shown`, then how
-    many more."""
-    old, new = flatten(json.loads(json.dumps(recorded))), flatten(json.loads(json.dumps(now)))
-    changes = []
-    for key in sorted(old.keys() | new.keys()):
-        if key not in old:
-            changes.append(f"{key} added (= {new[key]!r})")
-        elif key not in new:
-            changes.append(f"{key} removed")
-        elif old[key] != new[key]:
-            changes.append(f"{key} {old[key]!r} → {new[key]!r}")
-    more = f" and {len(changes) - shown} more" if len(changes) > shown else ""
-    return ", ".join(changes[:shown]) + more if changes else "the config hash differs"
-
-
-def schema_defaults() -> dict[str, object]:
-    """Every setting's schema default, by dotted key (utils/core/schema.py)."""
-    from utils.core.config import to_dict
-    from utils.core.schema import RunConfig
-
-    return flatten(json.loads(json.dumps(to_dict(RunConfig()))))
-
-
-def without_new_defaults(recorded: dict, now: dict) -> tuple[dict, str]:
-    """`now` without the settings the recorded slice lacks and that sit at their schema default, and
-    their names. A setting the code gained after a stage ran, left at its default, does not make the
-    stage stale: a new setting's default must keep the behaviour the code had before it (every one
-    so far has been checked to train bit for bit as before; docs/ARCHITECTURE.md)."""
-    out = json.loads(json.dumps(now))  # as a manifest records it (tuples become lists)
-    old, new, defaults = flatten(json.loads(json.dumps(recorded))), flatten(out), schema_defaults()
-    dropped = [k for k in new if k not in old and k in defaults and new[k] == defaults[k]]
-    for key in dropped:
-        *path, leaf = key.split(".")
-        parents = [out]
-        for part in path:
-            parents.append(parents[-1][part])
-        del parents[-1][leaf]
-        for depth in range(len(path), 0, -1):  # a section left empty goes too, as the recorded one lacks it
-            if parents[depth]:
-                break
-            del parents[depth - 1][path[depth - 1]]
-    return out, ", ".join(sorted(dropped))
-
-
-RESULT_NEUTRAL = ("algorithm.rl.mismatch_every",)  # changes what a step logs, never what it trains or writes
-
-
-def differs_only_in_logging(recorded: dict, now: dict) -> bool:
-    """Whether two config slices are equal but for `RESULT_NEUTRAL` settings: a stage that differs
-    from its manifest only there is up to date (its adapters and results would come out bit for
-    bit the same)."""
-    old, new = (flatten(json.loads(json.dumps(c))) for c in (recorded, now))
-    return ({k: v for k, v in old.items() if k not in RESULT_NEUTRAL}
-            == {k: v for k, v in new.items() if k not in RESULT_NEUTRAL})
-
-
 def up_to_date(step: Step, common: list[str]) -> tuple[Path, bool, str]:
     """(stage directory, skip?, reason) for one step."""
     config, cfg = current_config(step, common)
@@ -228,9 +168,10 @@ def _verdict(path: Path, config: dict, cfg) -> tuple[bool, str]:
         if added:
             notes.append(f"settings added since, at their defaults: {added}")
         if m.get("config_sha256") != config_sha256(config):
-            if not differs_only_in_logging(recorded, config):
+            kept = kept_despite(recorded, config)
+            if kept is None:
                 return False, f"config changed: {config_changes(recorded, config)}"
-            notes.append(f"differs only in what a step logs: {config_changes(recorded, config)}")
+            notes.append(kept)
     for p, digest in m.get("inputs", {}).items():
         if not repo_path(p).exists() or path_sha256(repo_path(p)) != digest:
             return False, f"input changed: {p}"
