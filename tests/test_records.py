@@ -1,6 +1,7 @@
 """docs/records/study, the default study's archived records (utils/run/archive.py): every archived
-evaluation loads as 08 loads it, archive.json lists exactly what is there, and each seed's mean@4 is
-the figure docs/RESULTS.md quotes for it, so the results and the records behind them cannot drift."""
+evaluation loads as 08 loads it, archive.json lists exactly what is there, and each seed's mean@4 and
+pass@k curve are the figures docs/RESULTS.md quotes for it (the three-seed table, the five-seed
+comparisons, the curve table), so the results and the records behind them cannot drift."""
 import json
 import re
 
@@ -48,6 +49,20 @@ def _curve_table() -> tuple[list[int], list[int], dict[str, list[list[float]]]]:
     return seeds, ks, rows
 
 
+def _five_seed_table() -> tuple[list[int], dict[str, list[float]]]:
+    """(the seeds, {checkpoint: [mean@4 of each seed]}) from RESULTS' five-seed table, whose caption
+    names its seeds ("mean@4, seed 1 / seed 2 / ...")."""
+    section = RESULTS.read_text().split("### The five-seed comparisons", 1)[1].split("\n## ", 1)[0]
+    caption = re.search(r"^mean@4, (seed \d+(?: / seed \d+)*) ", section, re.M)
+    assert caption, "RESULTS' five-seed comparisons: no caption 'mean@4, seed 1 / seed 2 ...' above its table"
+    seeds = [int(s.removeprefix("seed ")) for s in caption.group(1).split(" / ")]
+    rows = {}
+    for line in section[caption.end():].split("\n\n", 2)[1].splitlines()[2:]:  # the table, below its header and rule
+        name, cell = line.strip("| ").split(" | ")[:2]
+        rows[name] = [float(x) for x in cell.split(" / ")]
+    return seeds, rows
+
+
 def test_every_archived_evaluation_loads_and_the_index_lists_what_is_there():
     evals = _evaluations()
     assert evals, f"{RECORDS}: no archived evaluation"
@@ -82,3 +97,13 @@ def test_each_seeds_curve_is_the_figure_results_quotes():
         for seed_index, seed in enumerate(seeds):
             curve = curves[(method, seed)]
             assert [round(curve[str(k)], 3) for k in ks] == [cell[seed_index] for cell in cells], (method, seed)
+
+
+def test_each_seeds_mean_at_4_in_the_five_seed_table_is_the_archived_one():
+    seeds, table = _five_seed_table()
+    assert len(seeds) == 5 and {"sft_warmup", "grpo", "red", "fixed_sft", "matched_sft"} == set(table)
+    archived = {(e.method, e.seed): e.metrics["mean@4"] for e in _evaluations()}
+    for method, figures in table.items():
+        assert len(figures) == len(seeds), (method, "a figure per seed named in the caption")
+        for seed, figure in zip(seeds, figures):
+            assert archived[(method, seed)] == pytest.approx(figure, abs=5.1e-5), (method, seed)
