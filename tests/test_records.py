@@ -31,14 +31,20 @@ def _three_seed_table() -> dict[str, list[float]]:
     return rows
 
 
+def _captioned(heading: str, label: str) -> tuple[list[int], str]:
+    """(the seeds, the text after the caption) of the table under RESULTS' `heading` whose caption
+    names its seeds ("<label>, seed 1 / seed 2 / ...")."""
+    section = RESULTS.read_text().split(heading, 1)[1].split("\n## ", 1)[0]
+    caption = re.search(rf"^{label}, (seed \d+(?: / seed \d+)*) ", section, re.M)
+    assert caption, f"RESULTS' {heading.lstrip('# ')}: no caption '{label}, seed 1 / seed 2 ...' above its table"
+    return [int(s.removeprefix("seed ")) for s in caption.group(1).split(" / ")], section[caption.end():]
+
+
 def _curve_table() -> tuple[list[int], list[int], dict[str, list[list[float]]]]:
     """(the seeds, the k, {checkpoint: [[pass@k of each seed] for each k]}) from RESULTS' per-seed
     curve table, whose caption names its seeds ("pass@k, seed 1 / seed 2 / ...")."""
-    section = RESULTS.read_text().split("## pass@k curves", 1)[1].split("\n## ", 1)[0]
-    caption = re.search(r"^pass@k, (seed \d+(?: / seed \d+)*) ", section, re.M)
-    assert caption, "RESULTS' pass@k section: no caption 'pass@k, seed 1 / seed 2 ...' above its table"
-    seeds = [int(s.removeprefix("seed ")) for s in caption.group(1).split(" / ")]
-    lines = section[caption.end():].splitlines()
+    seeds, text = _captioned("## pass@k curves", "pass@k")
+    lines = text.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("| k |"))
     ks = [int(x) for x in lines[first].strip("| ").split(" | ")[1:]]
     rows = {}
@@ -52,12 +58,9 @@ def _curve_table() -> tuple[list[int], list[int], dict[str, list[list[float]]]]:
 def _five_seed_table() -> tuple[list[int], dict[str, list[float]]]:
     """(the seeds, {checkpoint: [mean@4 of each seed]}) from RESULTS' five-seed table, whose caption
     names its seeds ("mean@4, seed 1 / seed 2 / ...")."""
-    section = RESULTS.read_text().split("### The five-seed comparisons", 1)[1].split("\n## ", 1)[0]
-    caption = re.search(r"^mean@4, (seed \d+(?: / seed \d+)*) ", section, re.M)
-    assert caption, "RESULTS' five-seed comparisons: no caption 'mean@4, seed 1 / seed 2 ...' above its table"
-    seeds = [int(s.removeprefix("seed ")) for s in caption.group(1).split(" / ")]
+    seeds, text = _captioned("### The five-seed comparisons", "mean@4")
     rows = {}
-    for line in section[caption.end():].split("\n\n", 2)[1].splitlines()[2:]:  # the table, below its header and rule
+    for line in text.split("\n\n", 2)[1].splitlines()[2:]:  # the table, below its header and rule
         name, cell = line.strip("| ").split(" | ")[:2]
         rows[name] = [float(x) for x in cell.split(" / ")]
     return seeds, rows

@@ -95,19 +95,25 @@ def _delta(a, b) -> str:
     return f"  (B − A {b - a:+.6g})"
 
 
+def key_changes(fa: dict, fb: dict):
+    """(key, kind) for each key of two flattened dicts whose values differ, in key order: kind
+    "removed" (only in `fa`), "added" (only in `fb`) or "changed"."""
+    for key in sorted(set(fa) | set(fb)):
+        if key not in fb:
+            yield key, "removed"
+        elif key not in fa:
+            yield key, "added"
+        elif fa[key] != fb[key]:
+            yield key, "changed"
+
+
 def compare_section(name: str, a: dict, b: dict, sep: str = ".") -> list[str]:
     """Lines for the keys of one nested section that differ: changed, only in A, only in B. Each is
     named `<name><sep><key>` (`sep` " " for digests, whose keys are paths)."""
     fa, fb = flatten(a or {}), flatten(b or {})
-    lines = []
-    for key in sorted(set(fa) | set(fb)):
-        if key not in fb:
-            lines.append(f"  {name}{sep}{key}: only in A = {_show(fa[key])}")
-        elif key not in fa:
-            lines.append(f"  {name}{sep}{key}: only in B = {_show(fb[key])}")
-        elif fa[key] != fb[key]:
-            lines.append(f"  {name}{sep}{key}: A {_show(fa[key])} | B {_show(fb[key])}{_delta(fa[key], fb[key])}")
-    return lines
+    say = {"removed": lambda k: f"only in A = {_show(fa[k])}", "added": lambda k: f"only in B = {_show(fb[k])}",
+             "changed": lambda k: f"A {_show(fa[k])} | B {_show(fb[k])}{_delta(fa[k], fb[k])}"}
+    return [f"  {name}{sep}{key}: {say[kind](key)}" for key, kind in key_changes(fa, fb)]
 
 
 def _top_level(a: dict, b: dict, keys) -> list[str]:

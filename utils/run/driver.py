@@ -4,8 +4,9 @@ A stage is skipped (the `dvc repro` rule, docs/ARCHITECTURE.md "Stages") when it
 completed, its config hash equals the hash of the config slice it would run with now, every
 recorded input still hashes the same, and every recorded parent manifest still has the same
 digest. Anything else (a new config value, a changed input, a re-run parent, a killed run) runs
-it again; the config differences that do not are in utils/run/freshness.py. The per-method steps come from the method registry (utils/core/methods.py); a stage's
-hash is computed from the stage table (utils/core/stages.py), never by importing the scripts.
+it again; the config differences that do not are in utils/run/freshness.py. The per-method steps
+come from the method registry (utils/core/methods.py); a stage's hash is computed from the stage
+table (utils/core/stages.py), never by importing the scripts.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from utils.run.diff import flatten
+from utils.run.diff import flatten, key_changes
 
 RESULT_NEUTRAL = ("algorithm.rl.mismatch_every",)  # changes what a step logs, never what it trains or writes
 CURVE = "eval.curve_samples"
@@ -29,14 +29,9 @@ def config_changes(recorded: dict, now: dict, shown: int = 3) -> str:
     e.g. one a newer version of the code introduced) or `key removed`; the first `shown`, then how
     many more."""
     old, new = _flat(recorded), _flat(now)
-    changes = []
-    for key in sorted(old.keys() | new.keys()):
-        if key not in old:
-            changes.append(f"{key} added (= {new[key]!r})")
-        elif key not in new:
-            changes.append(f"{key} removed")
-        elif old[key] != new[key]:
-            changes.append(f"{key} {old[key]!r} → {new[key]!r}")
+    say = {"added": lambda k: f"{k} added (= {new[k]!r})", "removed": lambda k: f"{k} removed",
+             "changed": lambda k: f"{k} {old[k]!r} → {new[k]!r}"}
+    changes = [say[kind](key) for key, kind in key_changes(old, new)]
     more = f" and {len(changes) - shown} more" if len(changes) > shown else ""
     return ", ".join(changes[:shown]) + more if changes else "the config hash differs"
 
