@@ -25,19 +25,21 @@ MACHINERY = {(str(ROOT / "utils" / "core" / name), None) for name in ("config.py
 
 class Reads:
     """Dotted keys read from any RunConfig while installed (`install`), with their sections' paths
-    learnt as the reads descend from the root."""
+    learnt as the reads descend from the root. Each section is kept alive beside its path, since a
+    freed section's id can be reused by another config object, whose reads would then be filed
+    under the wrong path (a `reward.enabled` read by no stage)."""
 
     def __init__(self):
         self.keys: set[str] = set()
-        self.paths: dict[int, str] = {}
+        self.paths: dict[int, tuple[object, str]] = {}
 
     def record(self, obj, name: str, value) -> None:
-        path = "" if type(obj) is schema.RunConfig else self.paths.get(id(obj))
+        path = "" if type(obj) is schema.RunConfig else self.paths.get(id(obj), (None, None))[1]
         if path is None or name not in {f.name for f in fields(obj)} or self._in_machinery():
             return
         key = f"{path}.{name}" if path else name
         if is_dataclass(value):
-            self.paths[id(value)] = key
+            self.paths[id(value)] = (value, key)
         else:
             self.keys.add(key)
 
