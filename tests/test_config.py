@@ -314,7 +314,7 @@ def test_a_bad_regime_is_refused_naming_its_file(tmp_path, body, message):
 
 def test_every_shipped_regime_loads_under_every_method():
     names = sorted(p.stem for p in (CONFIG_DIR / "regimes").glob("*.yaml"))
-    assert names == ["imperfect_teacher", "regime_d"]
+    assert names == ["imperfect_teacher", "real_cpu", "regime_d"]
     for name in names:
         for path in sorted((CONFIG_DIR / "algorithms").glob("*.yaml")):
             assert load_run_config(algorithm=path.stem, overrides=[f"regime={name}"]).regime == name

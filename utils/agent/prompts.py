@@ -6,7 +6,9 @@ the row has none, so a context-free row renders as if the template had no {conte
 `fit_context` cuts a context to a token budget (01_prepare_dataset applies it once, so every
 stage renders the same prompt). With `thinking: actor_critic`, the `actor_critic` instruction comes
 first in the prompts of the roles `actor_critic_roles` names. With `use_chat_template`, the rendered text becomes the
-user turn of the tokenizer's chat template, with the generation prompt appended.
+user turn of the tokenizer's chat template, with the generation prompt appended, after the role's
+system message (`planner_system`, `executor_system`) when one is set: it then replaces the
+template's default system prompt instead of adding a second one.
 """
 from __future__ import annotations
 
@@ -27,11 +29,16 @@ def _fill(template: str, name: str, **values: str) -> str:
                             f"(available fields: {', '.join(sorted(values))})") from None
 
 
-def _chat(text: str, tokenizer) -> str:
+def _chat(text: str, tokenizer, system: str = "") -> str:
     if tokenizer is None:
         raise TemplateError("model.templates.use_chat_template is true but no tokenizer was given")
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                         add_generation_prompt=True)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # noqa: BLE001 - a template's own raise_exception (e.g. no system role)
+        raise TemplateError(f"the model's chat template refused the {'system and ' if system else ''}user "
+                            f"messages ({type(exc).__name__}: {exc}); with a template that has no system role, "
+                            f"leave model.templates.planner_system and executor_system empty") from None
 
 
 def _framed(t: TemplatesConfig, context: str | None) -> str:
@@ -46,7 +53,9 @@ def actor_critic_for(t: TemplatesConfig, role: str) -> bool:
 def _role_prompt(t: TemplatesConfig, text: str, tokenizer, role: str) -> str:
     if actor_critic_for(t, role):
         text = t.actor_critic + text
-    return _chat(text, tokenizer) if t.use_chat_template else text
+    if not t.use_chat_template:
+        return text
+    return _chat(text, tokenizer, t.planner_system if role == PLANNER else t.executor_system)
 
 
 def render_planner(t: TemplatesConfig, question: str, context: str | None = None, tokenizer=None) -> str:

@@ -120,8 +120,9 @@ def make_trace(qid: str, question: str, steps: list[tuple[str, str]], answer: st
                searches: list[tuple[str, str] | None] | None = None, style: ThinkStyle = ThinkStyle()) -> Trace:
     """`searches[k]`, for a lookup step, is (query, the information text its search injected)."""
     turns, calls, segments = [], [], []
+    lookups = any(s is not None for s in searches or [])  # [None, ...]: gold steps without a search
     for k, (task, result) in enumerate(steps):
-        turns.append(planner_task_turn(style.planner(_remaining(question, steps, k, bool(searches)), task), task))
+        turns.append(planner_task_turn(style.planner(_remaining(question, steps, k, lookups), task), task))
         found = searches[k] if searches else None
         segs = ([wrap(THINK, task) + wrap(SEARCH, found[0]), found[1],
                  executor_turn(style.looked_up(result), result)] if found

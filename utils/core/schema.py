@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from utils.core.choices import (DTYPES, ENGINE_NAMES, LORA_SERVING, LORA_FORWARDS, LOSS_AGGS, ADV_SCALINGS, POLICY_LOSS_NAMES,
-                                SCORER_NAMES, ADAPTER_NAMES, RETRIEVER_NAMES, TRAIN_ROLES, INDEPENDENCE_REFS,
-                                OFFLINE_SHIFTS, THINKING_MODES, LEAKAGE_POLICIES, PRIMARY_METRICS, REFILLS,
-                                TRACE_SOURCE_NAMES)
+                                SCORER_NAMES, ADAPTER_NAMES, RETRIEVER_NAMES, TRAIN_ROLES, INDEPENDENCE_REFS, OFFLINE_SHIFTS,
+                                THINKING_MODES, LEAKAGE_POLICIES, PRIMARY_METRICS, REFILLS, TRACE_SOURCE_NAMES)
 from utils.core.config import CONFIG_DIR, MOVED, field
 
 # a method is its config file (utils/core/methods.py): the names are the files' stems, not a copy
@@ -91,6 +90,8 @@ class TemplatesConfig:
                                                     "paragraphs) is framed where a role prompt says {context}.")
     result: str = field("<result>{result}</result>\n", "Text injected into the planner context after a subtask.")
     use_chat_template: bool = field(False, "Wrap prompts with the tokenizer's chat template (real chat models).")
+    planner_system: str = field("", "Chat template: the planner's system message, replacing the template's default.")
+    executor_system: str = field("", "Chat template: the executor's system message (empty: none of ours).")
     thinking: str = field("plain", "What a <think> block holds: plain, or actor_critic (the seed's procedural "
                                    "thinking: 'actor:' attempt, 'critic:' check, 'refined:' reasoning, in one "
                                    "generation; the `actor_critic` text is put before each role prompt, and "
@@ -230,8 +231,8 @@ class DataConfig:
     name: str = field("synthetic_arith", "Dataset adapter name.", ADAPTER_NAMES)
     path: str = field("data/synthetic_arith", "Local directory of the dataset's native files.")
     scorer: str = field("numeric", "Answer scorer.", SCORER_NAMES)
-    seed: int = field(1234, "Seed of the synthetic generator; fixed apart from the run seed, so every "
-                            "run and seed is scored on the same test items (synthetic only).")
+    seed: int = field(1234, "Seed of a generated dataset's generator, apart from the run seed: every run and seed "
+                            "is scored on the same test items (synthetic, word problems).")
     n_train: int | float = field(2000, "Synthetic: questions to generate. Real data: cap on train rows (0 = all; "
                                        "a fraction in (0, 1) keeps that share).")
     n_val: int | float = field(100, "Synthetic: questions to generate. Real data: cap, or rows carved from "
@@ -243,10 +244,10 @@ class DataConfig:
                                        "leaves after the prompt and one planner turn); 01 cuts whole lines "
                                        "from the end and says so in a last line.")
     on_leakage: str = field("drop_from_train", "A val/test question also in train.", LEAKAGE_POLICIES)
-    min_steps: int = field(1, "Fewest subtasks per problem (synthetic only).")
-    max_steps: int = field(6, "Most subtasks per problem (synthetic only).")
+    min_steps: int = field(1, "Fewest subtasks per problem (generated data: synthetic, word problems).")
+    max_steps: int = field(6, "Most subtasks per problem (generated data).")
     ops: list[str] = field(["+", "-"], "Operators (synthetic only).")
-    operand_max: int = field(50, "Largest operand (synthetic only).")
+    operand_max: int = field(50, "Largest operand (generated data).")
     value_max: int = field(99, "Largest running value (synthetic only).")
 
 
@@ -376,17 +377,16 @@ class AgentConfig:
 
 
 MOVED.update({"RlConfig.max_turns": "agent.max_turns", "ModelConfig.max_new_tokens_planner": "agent.max_new_tokens_planner",
-              "ModelConfig.max_new_tokens_executor": "agent.max_new_tokens_executor",
-              "RunConfig.tool": "agent.tool"})  # old places of the episode's settings (agent.*)
+              "ModelConfig.max_new_tokens_executor": "agent.max_new_tokens_executor", "RunConfig.tool": "agent.tool"})
 
 
 @dataclass
 class RunConfig:
     run_id: str = field("run_001", "Outputs go to outputs/<run_id>/.")
     seed: int = field(1, "Seed for every random choice in the run.")
-    regime: str = field("", "The named regime, configs/regimes/<name>.yaml: run-level settings merged over the "
-                            "tiers' run: sections, under --config and --set. A data tier names its default "
-                            "(synthetic_arith: imperfect_teacher); --set regime=regime_d selects another.")
+    regime: str = field("", "The named regime, configs/regimes/<name>.yaml: run-level settings merged over the tiers' "
+                            "run: sections, under --config and --set. A data tier names its default (synthetic_arith: "
+                            "imperfect_teacher, word_problems: real_cpu); --set regime=NAME selects another.")
     outputs_dir: str = field("outputs", "Root of all run outputs (relative to the repo).")
     threads: int = field(0, "torch CPU threads; 0 keeps torch's default.")
     wandb_mode: str = field("auto", "auto is offline unless WANDB_API_KEY is set.", ("auto", "online", "offline", "disabled"))
