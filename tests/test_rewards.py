@@ -31,6 +31,20 @@ def test_parse_number(text, value):
     assert parse_number(text) == value
 
 
+@pytest.mark.parametrize("pred,gold,score", [
+    ("#### 48", "48", 1.0), ("so the total is \\boxed{13}.", "13", 1.0), ("The answer is 7 apples", "7", 1.0),
+    ("Final answer: $12", "12", 1.0), ("\\boxed{\\frac{3}{4}}", "0.75", 1.0), ("\\dfrac{1}{2}", "0.5", 1.0),
+    ("1{,}234", "1234", 1.0), ("42", "42", 1.0), ("#### 47", "48", 0.0),
+    ("2 boxes, so \\boxed{9}", "2", 0.0),  # the boxed answer wins over an earlier number
+    ("5 then #### 6", "5", 0.0),            # so does GSM8K's mark
+])
+def test_numeric_reads_a_real_models_free_text(pred, gold, score):
+    """What a real model writes inside <answer> (or a base model anywhere): the answer span is read."""
+    from utils.reward.scorers import score_numeric
+
+    assert score_numeric(pred, [gold])[0] == score
+
+
 def test_squad_normalisation():
     assert normalize_answer("  The  Quick, brown FOX!! ") == "quick brown fox"
     assert normalize_answer("an apple a day") == "apple day"

@@ -4,8 +4,9 @@ Answer scorers (registered by name, `SCORERS`):
 - `em`   exact match after SQuAD normalisation (lower case, no punctuation/articles/extra spaces);
 - `f1`   SQuAD token F1, the best over the gold answers;
 - `cem`  cover EM: some normalised gold answer occurs inside the normalised prediction;
-- `numeric` the first number in the prediction equals a gold number within a relative tolerance;
-  it understands "1,234", "$5", "12%", "-3.50", "1/2" and "3.2e3".
+- `numeric` the first number of the prediction's answer span equals a gold number within a relative
+  tolerance; it understands "1,234", "$5", "12%", "-3.50", "1/2" and "3.2e3", and a real model's free
+  text: `\\boxed{13}`, `#### 48`, "the answer is 7", `\\frac{1}{2}` (`answer_span`).
 `composite` turns an answer score and the protocol's format score (utils/agent/protocol.py) into
 the seed's reward `6·score − 3 + 0.1·format`, with the weights of the `reward` config section
 (`RewardConfig`, which the reward spec extends), plus two optional terms from the Recursive
@@ -101,8 +102,30 @@ def score_cem(pred: str, golds: list[str]) -> Scored:
     return float(bool(hits)), {"pred_norm": p, "matched": hits[0] if hits else None}
 
 
+_BOXED = re.compile(r"\\boxed\s*\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")
+_FRAC = re.compile(r"\\d?frac\s*\{\s*([-\d.,]+)\s*\}\s*\{\s*([-\d.,]+)\s*\}")
+_ANSWER_IS = re.compile(r"(?:final answer|the answer)\s*(?:is|:)\s*", re.IGNORECASE)
+
+
+def answer_span(text: str) -> str:
+    """Where a free-text prediction states its final answer: the last `\\boxed{...}`, else what follows
+    the last `####` (GSM8K's mark), else what follows the last "the answer is" / "final answer:", else
+    the whole text; LaTeX fractions become a/b and `{,}` thousands marks plain commas. A bare number,
+    the protocol's answer, is its own span."""
+    text = str(text)[:MAX_SCORED_CHARS]
+    boxed = _BOXED.findall(text)
+    if boxed:
+        text = boxed[-1]
+    elif "####" in text:
+        text = text.rsplit("####", 1)[1]
+    else:
+        parts = _ANSWER_IS.split(text)
+        text = parts[-1] if len(parts) > 1 else text
+    return _FRAC.sub(r"\1/\2", text.replace("{,}", ",").replace("\\$", "$"))
+
+
 def score_numeric(pred: str, golds: list[str], rel_tol: float = 1e-4) -> Scored:
-    value = parse_number(pred)
+    value = parse_number(answer_span(pred))
     if value is None:
         return 0.0, {"pred_number": None, "matched": None}
     for g in golds:
