@@ -14,7 +14,8 @@ offline").
    `models/<name>.partial/`, which is renamed into place last: a failure at any step leaves nothing
    half-written under `models/<name>`, and the previous folder is moved aside before it is replaced.
 
-A second call with the folder in place and its provenance matching is a no-op. The sources are
+A second call with the folder in place and its provenance matching (the GGUF's sha256 and
+`CONVERTER_VERSION`) is a no-op. The sources are
 third-party repackagings of quantized weights, not the publishers' releases: provenance.json names
 the package, its version, the GGUF's sha256, `general.name` and quantization, and the transformers
 that converted it.
@@ -73,6 +74,7 @@ SOURCES: Registry[GgufSource] = Registry("model source", {s.name: s for s in (
 )})
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+CONVERTER_VERSION = 2  # raised when the same GGUF would convert to another folder: an older one is converted again
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -156,11 +158,15 @@ def gguf_metadata(path: Path, label: str | None = None) -> dict:
 
     types = sorted({t.tensor_type.name for t in reader.tensors})
     return {"general_name": field("general.name"), "architecture": field("general.architecture"),
-            "file_type": field("general.file_type"), "tensor_types": types, "tensors": len(reader.tensors)}
+            "file_type": field("general.file_type"), "tensor_types": types, "tensors": len(reader.tensors),
+            "add_bos_token": field("tokenizer.ggml.add_bos_token"),
+            "chat_template": field("tokenizer.chat_template") is not None}
 
 
-def convert_gguf(gguf: Path, out: Path, label: str | None = None) -> dict:
+def convert_gguf(gguf: Path, out: Path, label: str | None = None, add_bos: bool | None = None) -> dict:
     """Write an HF folder for `gguf` into `out` (fp32 safetensors, tokenizer, chat template); its config.
+    `add_bos`: the GGUF's own `tokenizer.ggml.add_bos_token`, which transformers' conversion drops for
+    some tokenizers (Gemma-3's: prompts would start without <bos>); it is set on the saved tokenizer.
     Errors name `label`, else the path."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -168,6 +174,8 @@ def convert_gguf(gguf: Path, out: Path, label: str | None = None) -> dict:
     folder, name = str(gguf.parent), gguf.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        if add_bos is not None and tokenizer.bos_token_id is not None and getattr(tokenizer, "add_bos_token", None) != add_bos:
+            tokenizer.add_bos_token = add_bos
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except (ValueError, KeyError, NotImplementedError) as exc:
         raise SourceError(f"{label or gguf}: transformers cannot convert this GGUF "
@@ -204,7 +212,8 @@ def _current(dest: Path, sha: str) -> dict | None:
         prov = json.loads((dest / "provenance.json").read_text())
     except (OSError, ValueError):
         return None
-    if prov.get("gguf_sha256") == sha and all((dest / f).is_file() for f in ("config.json", "model.safetensors")):
+    if (prov.get("gguf_sha256") == sha and prov.get("converter") == CONVERTER_VERSION
+            and all((dest / f).is_file() for f in ("config.json", "model.safetensors"))):
         return prov
     return None
 
@@ -267,9 +276,9 @@ def _convert_into(dest: Path, make_gguf, want_sha: str, provenance: dict, label:
         started = time.time()
         print(f"download.sh: converting {meta['general_name']} ({meta['architecture']}, "
               f"{'/'.join(meta['tensor_types'])}) to an fp32 Hugging Face folder", flush=True)
-        cfg = convert_gguf(gguf, tmp, label)
+        cfg = convert_gguf(gguf, tmp, label, meta["add_bos_token"])
         shutil.rmtree(work)
-        provenance.update(gguf_sha256=got, gguf=meta, architecture=cfg.get("architectures"),
+        provenance.update(gguf_sha256=got, gguf=meta, converter=CONVERTER_VERSION, architecture=cfg.get("architectures"),
                           vocab_size=cfg.get("vocab_size"), transformers=transformers.__version__,
                           converted_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                           convert_seconds=round(time.time() - started, 1),
