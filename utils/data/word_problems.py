@@ -26,7 +26,7 @@ from typing import Callable
 from utils.core.manifest import atomic_write_json, config_sha256, path_sha256
 from utils.data.adapters import SPLITS
 
-GENERATOR_VERSION = 2  # raised whenever the same config would write other files: an older folder is rewritten
+GENERATOR_VERSION = 3  # raised whenever the same config would write other files: an older folder is rewritten
 NAMES = (("Ana", "she"), ("Ben", "he"), ("Carla", "she"), ("Dev", "he"), ("Elena", "she"), ("Farid", "he"),
          ("Grace", "she"), ("Hugo", "he"), ("Ines", "she"), ("Jamal", "he"), ("Keiko", "she"), ("Liam", "he"),
          ("Maya", "she"), ("Noah", "he"), ("Olga", "she"), ("Pablo", "he"), ("Rosa", "she"), ("Sam", "he"))
@@ -72,8 +72,8 @@ def _two_days(r, n, who, item, other):
 
 
 def _share(r, n, who, item, other):
-    c, each = r.randint(2, 6), r.randint(1, 4)
-    a = r.randint(2, min(n, 6))
+    c, each = r.randint(2, 6), r.randint(1, n)
+    a = r.randint(2, n)
     total = c * each * a  # every share whole: a bags of (c*each) items, shared by c friends
     b = c * each
     return (a, b, c), (f"{who[0]} has {a} bags with {b} {item} in each bag. {who[1].capitalize()} shares them "
@@ -132,7 +132,7 @@ def _rows(r, n, who, item, other):
     a, b, c = r.randint(2, n), r.randint(2, n), r.randint(1, 5)
     return (a, b, c), (f"A garden has {a} rows of {b} {item}. {who[0]} adds {c} more rows of the same size. "
                        f"How many {item} are in the garden now?",
-                       [("The rows number", f"{a}+{c}", a + c), ("So the garden holds", f"{a + c}*{b}", (a + c) * b)])
+                       [("The garden has", f"{a}+{c}", a + c), ("rows, so it holds", f"{a + c}*{b}", (a + c) * b)])
 
 
 def _trip(r, n, who, item, other):
