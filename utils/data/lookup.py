@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import random
 
+from utils.data.draw import draw_splits
 from utils.core.schema import DataConfig
 
 CRATES = 90  # every name from c10 to c99
@@ -87,18 +88,9 @@ def generate_lookup(cfg: DataConfig) -> tuple[dict[str, list[dict]], list[dict]]
                          "question: it has 2 to 6 subtasks")
     rng = random.Random(cfg.seed)
     facts = make_corpus(rng, cfg.operand_max)
-    sizes, seen, out = {"train": cfg.n_train, "val": cfg.n_val, "test": cfg.n_test}, set(), {}
-    budget = 50 * sum(sizes.values()) + 1000
-    for split, n in sizes.items():
-        rows = []
-        while len(rows) < n:
-            budget -= 1
-            if budget < 0:
-                raise ValueError(f"cannot draw {sum(sizes.values())} distinct lookup questions; raise value_max")
-            q = make_question(rng, facts, rng.choice(shapes), cfg)
-            if q is None or q["question"] in seen:
-                continue
-            seen.add(q["question"])
-            rows.append({"id": f"{split}-{len(rows):05d}", **q})
-        out[split] = rows
+    sizes = {"train": cfg.n_train, "val": cfg.n_val, "test": cfg.n_test}
+    drawn = draw_splits(sizes, lambda: make_question(rng, facts, rng.choice(shapes), cfg),
+                        lambda q: None if q is None else q["question"],
+                        f"cannot draw {sum(sizes.values())} distinct lookup questions; raise value_max")
+    out = {split: [{"id": f"{split}-{i:05d}", **q} for i, q in enumerate(qs)] for split, qs in drawn.items()}
     return out, corpus_rows(facts)

@@ -16,8 +16,8 @@ import random
 import shutil
 from pathlib import Path
 
-from utils.data.adapters import SPLITS
 from utils.data.arith import is_task_question, make_problem
+from utils.data.draw import draw_splits
 from utils.data.lookup import generate_lookup
 from utils.core.manifest import atomic_write_json, config_sha256, path_sha256
 from utils.core.schema import DataConfig
@@ -29,25 +29,19 @@ def generate_rows(cfg: DataConfig) -> dict[str, list[dict]]:
             raise ValueError(f"data.n_{split}={n}: the synthetic task draws a count of questions, not a fraction")
     if cfg.min_steps > cfg.max_steps:
         raise ValueError(f"data.min_steps ({cfg.min_steps}) > data.max_steps ({cfg.max_steps})")
-    rng, seen = random.Random(cfg.seed), set()
-    out: dict[str, list[dict]] = {}
-    budget = 50 * sum(sizes.values()) + 1000  # the knobs may allow too few distinct problems
-    for split in SPLITS:
-        rows = []
-        while len(rows) < sizes[split]:
-            budget -= 1
-            if budget < 0:
-                raise ValueError(f"cannot draw {sum(sizes.values())} distinct problems with operand_max="
-                                 f"{cfg.operand_max}, steps {cfg.min_steps}-{cfg.max_steps}; raise the knobs")
-            p = make_problem(rng, rng.randint(cfg.min_steps, cfg.max_steps), tuple(cfg.ops),
-                             cfg.operand_max, cfg.value_max)
-            if p.question in seen or not is_task_question(p.question):
-                continue  # the other half of all chains is the base model's pretraining text
-            seen.add(p.question)
-            rows.append({"id": f"{split}-{len(rows):05d}", "question": p.question, "answer": p.answer,
-                         "steps": [{"task": t, "result": r} for t, r in p.steps]})
-        out[split] = rows
-    return out
+    rng = random.Random(cfg.seed)
+
+    def draw():
+        return make_problem(rng, rng.randint(cfg.min_steps, cfg.max_steps), tuple(cfg.ops), cfg.operand_max,
+                            cfg.value_max)
+
+    # only reserved questions: the other half of all chains is the base model's pretraining text
+    drawn = draw_splits(sizes, draw, lambda p: p.question if is_task_question(p.question) else None,
+                        f"cannot draw {sum(sizes.values())} distinct problems with operand_max={cfg.operand_max}, "
+                        f"steps {cfg.min_steps}-{cfg.max_steps}; raise the knobs")
+    return {split: [{"id": f"{split}-{i:05d}", "question": p.question, "answer": p.answer,
+                     "steps": [{"task": t, "result": r} for t, r in p.steps]} for i, p in enumerate(problems)]
+            for split, problems in drawn.items()}
 
 
 def write_dataset(cfg: DataConfig, out_dir: Path) -> dict:

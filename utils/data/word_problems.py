@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from utils.core.manifest import atomic_write_json, config_sha256, path_sha256
-from utils.data.adapters import SPLITS
+from utils.data.draw import draw_splits
 
 GENERATOR_VERSION = 3  # raised whenever the same config would write other files: an older folder is rewritten
 NAMES = (("Ana", "she"), ("Ben", "he"), ("Carla", "she"), ("Dev", "he"), ("Elena", "she"), ("Farid", "he"),
@@ -165,26 +165,18 @@ def generate(cfg) -> dict[str, list[dict]]:
                          f"templates have 2 or 3 operations; no template fits")
     if cfg.operand_max < 2:
         raise ValueError(f"data.operand_max={cfg.operand_max}: word problems need numbers of at least 2")
-    rng, seen, out = random.Random(cfg.seed), set(), {}
     sizes = {"train": cfg.n_train, "val": cfg.n_val, "test": cfg.n_test}
-    budget = 50 * sum(sizes.values()) + 1000
-    for split in SPLITS:
-        if isinstance(sizes[split], float):
-            raise ValueError(f"data.n_{split}={sizes[split]}: word problems are drawn as a count, not a fraction")
-        rows = []
-        while len(rows) < sizes[split]:
-            budget -= 1
-            if budget < 0:
-                raise ValueError(f"cannot draw {sum(sizes.values())} distinct word problems with operand_max="
-                                 f"{cfg.operand_max}; raise it or draw fewer")
-            p = make_problem(rng, rng.choice(names), cfg.operand_max)
-            if (p.template, p.numbers) in seen:
-                continue
-            seen.add((p.template, p.numbers))
-            rows.append({"id": f"{split}-{len(rows):05d}", "question": p.question, "answer": p.answer,
-                         "template": p.template, "numbers": list(p.numbers)})
-        out[split] = rows
-    return out
+    for split, n in sizes.items():
+        if isinstance(n, float):
+            raise ValueError(f"data.n_{split}={n}: word problems are drawn as a count, not a fraction")
+    rng = random.Random(cfg.seed)
+    drawn = draw_splits(sizes, lambda: make_problem(rng, rng.choice(names), cfg.operand_max),
+                        lambda p: (p.template, p.numbers),
+                        f"cannot draw {sum(sizes.values())} distinct word problems with operand_max="
+                        f"{cfg.operand_max}; raise it or draw fewer")
+    return {split: [{"id": f"{split}-{i:05d}", "question": p.question, "answer": p.answer, "template": p.template,
+                     "numbers": list(p.numbers)} for i, p in enumerate(problems)]
+            for split, problems in drawn.items()}
 
 
 def write_word_problems(cfg, out_dir: Path) -> Path:
