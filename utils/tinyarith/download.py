@@ -54,12 +54,17 @@ def ensure_base(rebuild: bool) -> None:
     print(f"tiny-arith: built, held-out acc {m['metrics']['heldout_acc']:.3f}")
 
 
+def data_config(config: Path) -> DataConfig:
+    """A data tier's own section (its `run:` defaults left out, utils/core/loader.py merges those)."""
+    tree = read_yaml(config)
+    tree.pop("run", None)
+    return from_dict(DataConfig, tree, str(config))
+
+
 def ensure_synthetic(config: Path) -> None:
     from utils.data.synthetic import write_dataset
 
-    tree = read_yaml(config)
-    tree.pop("run", None)  # run-level defaults of the tier (utils/core/schema.load_run_config)
-    cfg = from_dict(DataConfig, tree, str(config))
+    cfg = data_config(config)
     out = repo_path(cfg.path)
     m = write_dataset(cfg, out)
     print(f"{cfg.name}: wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} "
@@ -84,10 +89,7 @@ def fetch_any_dataset(dataset: str) -> Path:
 
     if dataset == "word_problems":
         from utils.data.word_problems import write_word_problems
-        config = ROOT / "configs" / "data" / "word_problems.yaml"
-        tree = read_yaml(config)
-        tree.pop("run", None)
-        cfg = from_dict(DataConfig, tree, str(config))
+        cfg = data_config(ROOT / "configs" / "data" / "word_problems.yaml")
         return write_word_problems(cfg, repo_path(cfg.path))
     return fetch_dataset(dataset, ROOT / "data" / dataset)
 
