@@ -62,3 +62,18 @@ def test_impossible_knobs_are_refused_with_the_setting_named():
         generate(_config(operand_max=2, n_train=4000))
     with pytest.raises(ValueError, match="data.n_val=0.5: .* a count"):
         generate(_config(n_val=0.5))
+
+
+def test_a_word_problems_gold_trace_delegates_each_calculation(tmp_path):
+    """The gold trace of a question that is not an arithmetic chain thinks "step k" before each
+    subtask; it used to copy the whole question into the first think (steps without a search read as
+    lookups), which the SFT warmup then trained on."""
+    from utils.agent.traces import trace_from_row
+
+    out = write_word_problems(_config(n_train=20, n_val=2, n_test=2), tmp_path / "wp")
+    for _, row in load_split("gsm8k", out, "train")[1]:
+        trace, why = trace_from_row(row.to_json(), "gold")
+        assert why is None
+        steps = row.meta["steps"]
+        assert trace.planner_turns == [f"<think>step {k + 1}</think><task>{s['task']}</task>" for k, s in enumerate(steps)] \
+            + [f"<think>{row.answers[0]}</think><answer>{row.answers[0]}</answer>"]

@@ -120,9 +120,8 @@ def make_trace(qid: str, question: str, steps: list[tuple[str, str]], answer: st
                searches: list[tuple[str, str] | None] | None = None, style: ThinkStyle = ThinkStyle()) -> Trace:
     """`searches[k]`, for a lookup step, is (query, the information text its search injected)."""
     turns, calls, segments = [], [], []
-    lookups = any(s is not None for s in searches or [])  # [None, ...]: gold steps without a search
     for k, (task, result) in enumerate(steps):
-        turns.append(planner_task_turn(style.planner(_remaining(question, steps, k, lookups), task), task))
+        turns.append(planner_task_turn(style.planner(_remaining(question, steps, k, bool(searches)), task), task))
         found = searches[k] if searches else None
         segs = ([wrap(THINK, task) + wrap(SEARCH, found[0]), found[1],
                  executor_turn(style.looked_up(result), result)] if found
@@ -148,7 +147,8 @@ def steps_from_solution(solution: str) -> list[tuple[str, str]]:
 
 
 def _lookups(meta_steps: list[dict], search) -> tuple[list | None, str | None]:
-    """Per step, (query, information text) of its gold search, or None; or (None, why not)."""
+    """Per step, (query, information text) of its gold search, or None; (None, None) when no step
+    searches (a plain list of Nones would read as a lookup chain); or (None, why not)."""
     out = []
     for k, step in enumerate(meta_steps):
         if "search" not in step:
@@ -160,7 +160,7 @@ def _lookups(meta_steps: list[dict], search) -> tuple[list | None, str | None]:
         if step.get("fact") and step["fact"] not in docs:
             return None, f"step {k + 1}: gold fact {step['fact']} not in the top-k for {step['search']!r}"
         out.append((step["search"], info))
-    return out, None
+    return (out if any(out) else None), None
 
 
 def _check_rate(rate: float) -> None:
