@@ -35,7 +35,7 @@ from utils.core.tensors import pad
 from utils.reward.scorers import is_correct
 from utils.train.losses import Agg, advantages, aggregate, k3_kl, policy_loss, red_paper_entropy_weight, red_paper_loss
 from utils.train.micro import Tally, cut_rows, micro_batches
-from utils.train.policy import forward_logprobs, sft_terms
+from utils.train.policy import forward_logprobs, policy_device, sft_terms
 from utils.train.red import red_weights
 from utils.train.world import SOLO, World
 
@@ -173,8 +173,15 @@ def _offline(batch: RlBatch) -> torch.Tensor:
     return batch.offline[:, None].float()
 
 
-def batch_norms(batch: RlBatch, sft_mask: torch.Tensor | None, rl, world: World = SOLO) -> Norms:
-    """The normalisers of `batch` and its SFT batch's target mask, summed over ranks (one collective)."""
+def batch_norms(batch: RlBatch | None, sft_mask: torch.Tensor | None, rl, world: World = SOLO) -> Norms:
+    """The normalisers of `batch` and its SFT batch's target mask, summed over ranks (one collective).
+    A rank with no RL rows (`batch` None) adds its SFT tokens alone."""
+    if batch is None:
+        counts = torch.zeros(6, device=sft_mask.device if sft_mask is not None else "cpu")
+        if sft_mask is not None:
+            counts[3] = sft_mask.sum()
+        counts = world.sum(counts)
+        return Norms(*counts[:5].clamp(min=1).unbind(), None, bool(counts[2] > 0))
     mask, off = batch.mask, _offline(batch)
     has_off = batch.offline is not None and bool(batch.offline.any())
     rollout = mask * (1 - off) if has_off else mask
@@ -280,19 +287,26 @@ def _sft_piece(model, piece: tuple, norms: Norms, weight: float, memory, tally: 
     return weight * l_sft
 
 
-def _pieces(batch: RlBatch, sft: tuple | None, budget: int) -> list[tuple[list | None, list | None]]:
+def _pieces(batch: RlBatch | None, sft: tuple | None, budget: int) -> list[tuple[list | None, list | None]]:
     """The micro-batches of an update: (RL rows, SFT rows); one piece of everything when the whole
-    batch fits `budget` tokens (0: always), else RL pieces, then SFT pieces."""
-    rl_len = batch.attn.sum(1).tolist()
+    batch fits `budget` tokens (0: always), else RL pieces, then SFT pieces. None: no such rows."""
+    rl_len = batch.attn.sum(1).tolist() if batch is not None else []
     sft_len = sft[1].sum(1).tolist() if sft is not None else []
+    if batch is None and sft is None:
+        return []
     if budget <= 0 or sum(rl_len) + sum(sft_len) <= budget:
-        return [(list(range(len(rl_len))), list(range(len(sft_len))) if sft is not None else None)]
+        return [(list(range(len(rl_len))) if batch is not None else None,
+                 list(range(len(sft_len))) if sft is not None else None)]
     return [(r, None) for r in micro_batches(rl_len, budget)] + [(None, s) for s in micro_batches(sft_len, budget)]
 
 
-def _paper_entropies(model, batch: RlBatch, norms: Norms, memory, world: World) -> tuple[float, float]:
+def _paper_entropies(model, batch: RlBatch | None, norms: Norms, memory, world: World) -> tuple[float, float]:
     """red_paper's (expert, rollout) token-mean entropies over the whole batch and every rank, from a
-    no-grad pass, for a batch in several micro-batches: every piece's expert advantages need them."""
+    no-grad pass, for a batch in several micro-batches: every piece's expert advantages need them.
+    A rank with no RL rows adds nothing (but takes part)."""
+    if batch is None:
+        sums = world.sum(torch.zeros(2))
+        return (sums[0] / norms.expert.cpu()).item(), (sums[1] / norms.rollout.cpu()).item()
     sums = torch.zeros(2, device=batch.mask.device)
     off = _offline(batch)
     with torch.no_grad():
@@ -305,7 +319,7 @@ def _paper_entropies(model, batch: RlBatch, norms: Norms, memory, world: World) 
     return (sums[0] / norms.expert).item(), (sums[1] / norms.rollout).item()
 
 
-def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor | None, sft: tuple | None, alg, red_state,
+def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft: tuple | None, alg, red_state,
                   batch_accuracy: float, ref_lp: torch.Tensor | None = None, paper_state: dict | None = None,
                   world: World = SOLO, memory: MemoryConfig = MemoryConfig()) -> LossTerms:
     """Forward and backward of L = L_GRPO − β·H_rl + w·α·L_SFT + kl_coef·KL over the batch, in
@@ -318,7 +332,11 @@ def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor | None, sft: tuple
     sampler| over trained rollout tokens. A batch with expert sequences (red_paper) scales their
     advantages by the entropy-change weight of the whole batch's entropies, with `paper_state` the
     previous step's ({} on the first). Returns this rank's share of the loss, the stats of the whole
-    batch (every rank's) and the log-probs of this forward."""
+    batch (every rank's) and the log-probs of this forward (None without RL rows).
+
+    A data-parallel rank may hold no RL rows of the step (`batch` None), no SFT rows (`sft` None), or
+    neither: it still makes every collective the others make, trains what it has, and logs the whole
+    batch's stats, RED's weights included (utils/train/micro.py `Tally`)."""
     norms = batch_norms(batch, sft[2] if sft is not None else None, alg.rl, world)
     tally = Tally()
     weight = 0.0
@@ -331,8 +349,8 @@ def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor | None, sft: tuple
     paper = None
     if norms.experts and (len(pieces) > 1 or world.size > 1):
         paper = _paper_entropies(model, batch, norms, memory, world)
-    logp_all = torch.zeros_like(batch.mask)
-    total = torch.zeros((), device=batch.mask.device)
+    logp_all = torch.zeros_like(batch.mask) if batch is not None else None
+    total = torch.zeros((), device=policy_device(model))
     for rl_rows, sft_rows in pieces:
         loss = None
         if rl_rows is not None:
@@ -350,15 +368,6 @@ def red_grpo_loss(model, batch: RlBatch, old_lp: torch.Tensor | None, sft: tuple
         tally.add("actor/loss", loss.item())
         total = total + loss.detach()
     return LossTerms(total, tally.result(world), logp_all)
-
-
-def idle_share(world: World) -> LossTerms:
-    """A data-parallel rank with no sequence to train on this step (or minibatch): the collectives of
-    `red_grpo_loss` with nothing of its own, so that every rank makes the same calls."""
-    counts = world.sum(torch.zeros(6))
-    if counts[2] > 0 and world.size > 1:  # the others' red_paper entropy pass
-        world.sum(torch.zeros(2))
-    return LossTerms(torch.zeros(()), Tally().result(world))
 
 
 def group_advantages(rewards: list[float], n: int, scaling: str) -> torch.Tensor:

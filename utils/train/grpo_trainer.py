@@ -37,7 +37,7 @@ from utils.core.stream import Cursor, rl_question_key, take
 from utils.train.guard import SkipStreak, finish_step
 from utils.train.micro import Tally
 from utils.train.sampler import DynamicSampler, SampledBatch
-from utils.train.grpo import (batch_accuracy, build_rl_batch, group_advantages, idle_share, minibatch_rows,
+from utils.train.grpo import (batch_accuracy, build_rl_batch, group_advantages, minibatch_rows,
                               red_grpo_loss, sft_parts, take_rows, zero_variance_fraction)
 from utils.train.policy import (batch_logprobs, dropout_active, policy_device, reference_logprobs, sft_backward,
                                 sft_batch)
@@ -218,13 +218,14 @@ class GrpoTrainer:
             done = []  # this pass's stats, one dict per optimizer step
             for k in range(parts):
                 self.opt.zero_grad(set_to_none=True)
-                if batch is None or (rows is not None and not len(rows[k])):  # join the step with nothing
-                    terms = idle_share(self.world)
+                if batch is None or (rows is not None and not len(rows[k])):  # no RL rows: its SFT rows, if any
+                    part = (None, None, None)
                 else:
                     part = (batch, old_lp, ref_lp) if rows is None else take_rows(batch, rows[k], old_lp, ref_lp)
-                    terms = red_grpo_loss(self.model, *part[:2], sfts[k], self.alg, red, accuracy, part[2],
-                                          self.state.red_paper, self.world, self.cfg.model.memory)
-                    old_lp = terms.logp if old_lp is None else old_lp
+                terms = red_grpo_loss(self.model, *part[:2], sfts[k], self.alg, red, accuracy, part[2],
+                                      self.state.red_paper, self.world, self.cfg.model.memory)
+                if old_lp is None and terms.logp is not None:
+                    old_lp = terms.logp
                 step_stats = terms.stats
                 skipped, grad = self._finish(terms.loss)
                 if not skipped:
@@ -235,7 +236,7 @@ class GrpoTrainer:
             stats = done[0] if len(done) == 1 else _mean_stats(done)  # each the whole batch's, every rank's
             if skipped:
                 break
-        if sft is not None and "actor/sft_entropy" in stats and not skipped:
+        if "actor/sft_entropy" in stats and not skipped:  # some rank trained SFT rows: every rank folds them
             red = red_update(red, stats["actor/sft_entropy"], stats["actor/rl_entropy"],
                              self.alg.red.sft_entropy_ema_decay, self.alg.red.rl_entropy_ema_decay)
         self.state.red = asdict(red)

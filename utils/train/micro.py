@@ -52,8 +52,9 @@ class Tally:
     `add(key, value)` adds a share that is already normalised by the whole batch (a loss term, an
     entropy over all rollout tokens): the statistic is the sum of its shares. `add(key, value, weight)`
     adds a mean over `weight` items of this piece (a clip fraction over its tokens): the statistic
-    is the weighted mean. `shared` values are the same on every rank and piece (RED's weights). A
-    statistic with a single share in one process is that share, unchanged."""
+    is the weighted mean. `shared` values are the same on every piece and rank that sets them (RED's
+    weights, red_paper's entropies): a rank that set none (it held no SFT row, or no row at all) logs
+    the others'. A statistic with a single share in one process is that share, unchanged."""
 
     def __init__(self):
         self.parts: dict[str, list[tuple[float, float | None]]] = {}
@@ -72,13 +73,16 @@ class Tally:
                 sums[key] = (sum(v * w for v, w in parts), sum(w for _, w in parts))
             else:
                 sums[key] = (sum(v for v, _ in parts), None)
+        shared = self.shared
         if world.size > 1:
             merged: dict[str, tuple[float, float | None]] = {}
-            for rank in world.gather(sums):
-                for key, (num, den) in rank.items():
+            shared = {}
+            for rank_sums, rank_shared in world.gather((sums, self.shared)):
+                for key, (num, den) in rank_sums.items():
                     old = merged.get(key, (0.0, None if den is None else 0.0))
                     merged[key] = (old[0] + num, None if den is None else old[1] + den)
+                shared = {**rank_shared, **shared}  # the same on every rank that has them: the lowest rank's
             sums = merged
         out = {k: (num if den is None else (num / den if den else 0.0)) for k, (num, den) in sums.items()}
-        return {**out, **self.shared}
+        return {**out, **shared}
 
