@@ -5,6 +5,12 @@ Every load in the project passes the config's value explicitly (default false), 
 same value (utils/agent/engines.py). A local directory that ships code is refused up front, before
 transformers or vLLM would ask, with a message naming the file and the switch. The models this
 project ships configs for (tiny-arith, Qwen2.5, Gemma-2) need no remote code.
+
+The attention a model runs on is chosen here too (`attention_for`): a model whose attention softcaps
+its logits (Gemma-2's `attn_logit_softcapping`) loads with eager attention, since transformers' sdpa
+path drops the softcap without a word, and the trainer and the HF engine (both load through
+`load_causal_lm`) would then agree with each other on a model vLLM does not serve. Any other model
+keeps transformers' default (sdpa).
 """
 from __future__ import annotations
 
@@ -39,9 +45,22 @@ def load_tokenizer(path: Path | str, trust_remote_code: bool = False):
     return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
 
 
+def attention_for(config) -> str | None:
+    """"eager" for a model config whose attention softcaps its logits (its own or its text config's
+    `attn_logit_softcapping`), else None: transformers' default."""
+    for c in (config, getattr(config, "text_config", None)):
+        if getattr(c, "attn_logit_softcapping", None):
+            return "eager"
+    return None
+
+
 def load_causal_lm(path: Path | str, dtype: str = "float32", trust_remote_code: bool = False):
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     check_remote_code(path, trust_remote_code)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    attention = attention_for(config)
+    return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=getattr(torch, dtype),
+                                                trust_remote_code=trust_remote_code,
+                                                **({"attn_implementation": attention} if attention else {}))
