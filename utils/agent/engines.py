@@ -34,6 +34,39 @@ from utils.core.tensors import pad
 from utils.core.registry import Registry
 
 
+class _SampledLogprobs:
+    """A logits processor for `generate` that keeps the log-probs of the sampled tokens, and nothing
+    vocabulary-sized beyond the step at hand: at each step it holds log_softmax(scores / `scale`)
+    [B, V] of that step, and at the next it takes the value at the token just sampled (the last of
+    `input_ids`); `finish` takes the last step's. `generate` runs processors given to it before its
+    temperature and top-p warpers, so `scores` are the logits the sampler then divides by T.
+
+    (`output_logits=True` would keep every step's fp32 logits instead: B x T x V x 4 bytes, 25 GB for
+    64 Gemma-2 calls of 384 tokens, for the one value a step the sampler needs.)"""
+
+    def __init__(self, scale: float):
+        self.scale, self.last, self.taken = scale, None, []
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        self._take(input_ids[:, -1])
+        self.last = torch.log_softmax(scores.float() if self.scale == 1.0 else scores.float() / self.scale, dim=-1)
+        return scores
+
+    def _take(self, tokens) -> None:
+        if self.last is not None:
+            self.taken.append(self.last.gather(1, tokens[:, None])[:, 0])
+            self.last = None
+
+    def finish(self, sequences):
+        """[B, T] log-probs of the T generated tokens ending `sequences`."""
+        import torch
+
+        self._take(sequences[:, -1])
+        return torch.stack(self.taken, dim=1) if self.taken else sequences.new_zeros((len(sequences), 0), dtype=torch.float)
+
+
 class HFEngine(BatchedCalls):
     """transformers generate, batched with left padding, optionally with a peft adapter; on the GPU
     where torch sees one (as vLLM picks its own device), else on the CPU."""
@@ -88,16 +121,20 @@ class HFEngine(BatchedCalls):
         ids, mask = (t.to(self.device) for t in pad(prompts, self.pad_id, torch.long, left=True))
         width = ids.shape[1]
         greedy = spec.temperature == 0
+        from transformers import LogitsProcessorList
+
+        # the sampled distribution: logits / T (greedy: untempered; top_p is 1 here)
+        kept = _SampledLogprobs(1.0 if greedy else spec.temperature)
         with torch.no_grad():
-            out = self._generate(
+            sequences = self._generate(
                 input_ids=ids, attention_mask=mask, max_new_tokens=spec.max_tokens, do_sample=not greedy,
                 temperature=None if greedy else spec.temperature, top_p=None if greedy else spec.top_p,
-                top_k=None, pad_token_id=self.pad_id, eos_token_id=self.eos_id, output_logits=True,
-                return_dict_in_generate=True, stop_strings=spec.stop or None, tokenizer=self.tokenizer)
-        gen = out.sequences[:, width:]
-        scale = 1.0 if greedy else spec.temperature  # the sampled distribution: logits / T (top_p is 1 here)
-        logps = torch.stack([torch.log_softmax(lg.float() if scale == 1.0 else lg.float() / scale, dim=-1)
-                             .gather(1, gen[:, t, None])[:, 0] for t, lg in enumerate(out.logits)], dim=1)  # [B, T]
+                top_k=None, pad_token_id=self.pad_id, eos_token_id=self.eos_id,
+                logits_processor=LogitsProcessorList([kept]), stop_strings=spec.stop or None,
+                tokenizer=self.tokenizer)
+        gen = sequences[:, width:]
+        logps = kept.finish(sequences)  # [B, T]
+        assert logps.shape == gen.shape, (logps.shape, gen.shape)
         samples = []
         for i in range(len(prompts)):
             row = gen[i].tolist()
