@@ -15,7 +15,7 @@ depth L:
     weights (2 bytes a parameter) + LoRA weights, gradients and AdamW moments (16 bytes a parameter)
     + tokens x (outside + L x layer)              what the graph keeps (checkpointed: layer inputs)
     + tokens x layer_uncheckpointed               one layer recomputed in the backward
-    + 4 x logits_chunk_mib                        the LM head's chunk (four fp32 [positions, vocab])
+    + logits_chunk_mib                            the LM head's chunk (its whole working set: utils/train/head.py)
 
 It is a prediction, not a measurement: it leaves out the CUDA allocator's fragmentation and
 workspaces, the no-grad old-log-prob pass (smaller than the update's), and the SFT term's pieces
@@ -86,7 +86,7 @@ def predict(name: str, points: dict) -> dict:
     lora = L * (points[(2, True)]["lora_params"] - points[(1, True)]["lora_params"])  # LoRA is per layer
     parts = {"weights": 2 * param_count(name), "lora_and_adam": 16 * lora,
              "graph": tokens * (outside + L * layer_ck), "recomputed_layer": tokens * layer_full,
-             "head_chunk": 4 * memory.logits_chunk_mib * 2 ** 20}
+             "head_chunk": memory.logits_chunk_mib * 2 ** 20}
     return {"bytes_per_token": {"outside_layers": round(outside), "layer_checkpointed": round(layer_ck),
                                 "layer_full": round(layer_full)},
             "micro_batch_tokens": tokens, "parts_gib": {k: round(v / 2 ** 30, 2) for k, v in parts.items()},

@@ -15,6 +15,7 @@ from utils.core.config import ROOT
 from utils.core.loader import load_run_config
 from utils.core.schema import MemoryConfig
 from utils.train.grpo import RlBatch, red_grpo_loss
+from utils.train.head import LIVE_LOGITS
 from utils.train.micro import Tally, micro_batches
 from utils.train.policy import forward_logprobs, logits_logprobs, sft_backward
 from utils.train.red import RedState
@@ -92,7 +93,7 @@ def test_the_chunked_head_gives_the_models_own_logprobs_entropies_and_gradients(
 
     ref = run(lambda: logits_logprobs(model, ids, attn, True, temperature))
     # chunks of 5 positions: many chunks, each recomputed in the backward
-    chunk = 5 * 4 * model.config.vocab_size / 2 ** 20
+    chunk = 5 * LIVE_LOGITS * 4 * model.config.vocab_size / 2 ** 20
     got = run(lambda: forward_logprobs(model, ids, attn, True, temperature, need=mask > 0, entropy_grad=True,
                                        chunk_mib=chunk))
     torch.testing.assert_close(got[0], ref[0], atol=1e-5, rtol=1e-5)
@@ -128,7 +129,21 @@ def test_a_no_grad_entropy_keeps_no_vocabulary_sized_tensor_for_the_backward(bas
 
     assert largest_vocab_tensor(lambda: logits_logprobs(model, ids, attn, True, 1.0)) >= mask.numel() * vocab
     assert largest_vocab_tensor(lambda: forward_logprobs(model, ids, attn, True, need=mask > 0,
-                                                         chunk_mib=10 * 4 * vocab / 2 ** 20)) == 0
+                                                         chunk_mib=10 * LIVE_LOGITS * 4 * vocab / 2 ** 20)) == 0
+
+
+@pytest.mark.parametrize("mode,kind", [("value", "llama"), ("grad", "gemma2")])
+def test_a_chunk_holds_no_more_than_its_setting(mode, kind):
+    """benchmarks/chunk_memory.py at a 256,000-entry vocabulary and 64 MiB chunks, in a process that
+    maps every tensor (so its resident memory follows what is alive): the peak grows by less than
+    the setting, forward and backward, Gemma-2's softcap and the entropy's gradient included. When the
+    setting sized one fp32 tensor of the chunk, the same run grew by 251 and 434 MiB."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "chunk_memory.py"), "--mode", mode, "--kind", kind,
+                          "--chunk_mib", "64", "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["rows"] > 3 * r["chunk_positions"]  # several chunks, each recomputed in the backward
+    assert 0 < r["grew_mib"] <= 64, r
 
 
 # ------------------------------------------------------------------ micro-batched updates

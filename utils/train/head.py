@@ -29,6 +29,12 @@ from utils.train.losses import token_entropy
 
 # config attributes with which a model's forward rescales its logits in a way this head does not
 UNSUPPORTED_SCALES = ("logit_scale", "logits_scaling")
+# fp32 [positions, vocabulary] tensors a chunk holds at its peak, at most: the logits, the softcap's
+# tanh, the tempered copy, the log-softmax, the entropy's softmax, and in the backward their
+# gradients. benchmarks/chunk_memory.py measured 2.9 (no-grad pass), 3.9 (backward), 5.9 (with the
+# entropy's gradient), 6.8 (and Gemma-2's softcap) on the CPU; `chunk_rows` sizes a chunk by it, so
+# `model.memory.logits_chunk_mib` bounds the chunk's whole working set, not one tensor of it.
+LIVE_LOGITS = 8
 
 
 def head_parts(model) -> tuple:
@@ -44,9 +50,9 @@ def head_parts(model) -> tuple:
 
 
 def chunk_rows(n_vocab: int, chunk_mib: float) -> int:
-    """Positions per LM-head chunk: as many as keep one fp32 [positions, vocabulary] tensor under
-    `chunk_mib` MiB (at least 1)."""
-    return max(1, int(chunk_mib * 2 ** 20 // (4 * n_vocab)))
+    """Positions per LM-head chunk: as many as keep the chunk's working set, LIVE_LOGITS fp32
+    [positions, vocabulary] tensors, under `chunk_mib` MiB (at least 1)."""
+    return max(1, int(chunk_mib * 2 ** 20 // (LIVE_LOGITS * 4 * n_vocab)))
 
 
 def _head_chunk(head, cap, temperature: float, entropy: str, sink: list, h, y):
@@ -73,7 +79,7 @@ def head_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, need: torch.Tens
     entropies [S, T-1] if `entropy` is "value" (no gradient) or "grad"; else None.
 
     ids, attn [S, T]; `need` [S, T-1] marks the positions a loss reads (None: every real one); the
-    rest hold 0. `chunk_mib` bounds one chunk's fp32 logits (`chunk_mib` 0: one chunk of every
+    rest hold 0. `chunk_mib` bounds one chunk's working set (`chunk_rows`; 0: one chunk of every
     needed position)."""
     if entropy not in ("none", "value", "grad"):
         raise ValueError(f"entropy must be none, value or grad, got {entropy!r}")
