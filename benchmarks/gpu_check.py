@@ -1,43 +1,48 @@
-"""The GPU check: the embedded default's CUDA path and the seed's shapes, measured in one prepared run:
+"""The GPU check: the seed's shapes and the embedded default's CUDA path, measured in one prepared run:
 
-    timeout 500 python3 benchmarks/gpu_check.py --out /tmp/gc --budget 300; cp /tmp/gc/gpu_check.* "$OUT"
+    timeout 450 python3 benchmarks/gpu_check.py --out /tmp/gc; cp /tmp/gc/gpu_check.* "$OUT"
 
 On the GPU machine, from the repository root, with that machine's own python3 (it has torch,
 transformers, peft, accelerate, safetensors, tokenizers, pyyaml, pandas, matplotlib, tqdm and
-psutil; no vLLM, wandb or ray, and none is needed), with a limit that leaves room for a rerun
-(`--shapes_first --dtypes bfloat16` puts the seed shapes first when time is short).
+psutil; no vLLM, wandb or ray, and none is needed), as one device call of `timeout_s` 500: with the
+machine's start, under 10 minutes of a 15-minute allowance, which leaves a rerun of what was cut
+(`--shapes gemma-2-2b --sweep "" --no_rollout --dtypes ""`, say, under `timeout 200`).
 
 Nothing has to travel beside the working tree: no wheels (the image's versions are used and
-recorded), no weights (the base model ships in artifacts/tiny-arith, the task's data is generated,
-the seed-shaped models are randomly initialised). Write --out outside $OUT: the run folders under it
-hold far more files than come back. On one H100 (2026-11-27, docs/PERFORMANCE.md "The GPU path") the
-whole run with 07 on all 200 items and two validations in 04 passed 500 s; the defaults now validate
-once and evaluate 100 items, and a rerun that chose parts (--dtypes, --shapes, --shapes_first, --set)
-took 194 s. On this machine the suite runs the CPU dry run of the same code paths with the three
-packages hidden (tests/test_gpu_check.py), in about 20 seconds:
+recorded), no weights (the seed-shaped models are randomly initialised, the chain's base model
+ships in artifacts/tiny-arith and its data is generated). Write --out outside $OUT: the run folders
+under it hold far more files than come back.
 
-    .venv/bin/python benchmarks/gpu_check.py --device cpu --quick --hide vllm,wandb,ray --out /tmp/gpu_check
+The most valuable figures come first, and <out>/gpu_check.json and <out>/gpu_check.txt are written
+after every phase, so a timeout or a crash loses only the phase it cut (tests/test_gpu_check.py
+kills a dry run in Gemma's SFT step and reads what survived). A phase that fails is named in its
+section's `failed`, and the next phase runs; a phase that would start after --budget seconds is
+listed in `skipped`. The phases, in order:
 
-It writes <out>/gpu_check.json after every part and <out>/gpu_check.txt at the end:
 1. `env`: torch, CUDA, the GPU, transformers, peft, and which of vllm/wandb/ray import.
-2. `chain.<dtype>`, for float32 and bfloat16: 00-03, a short 04 (200 steps, validated once), 05 red (5 steps) and 07
-   on the warmup and red (first --limit items), with model.device=<device> and the hf engine (trainer and engine in that
-   dtype): each stage's seconds and peak GPU memory, the SFT and RL step times, each RL step's
-   rollout/logprob_mismatch and the test accuracies. In bfloat16, 05 runs as a process of its own,
-   is SIGKILLed while it writes its third checkpoint (utils/core/faults.py), and is run again: it
-   must resume from step 2 and log each step once.
-3. `seed_shape.<model>` (benchmarks/gpu_shapes.py): a randomly initialised model of Qwen2.5-0.5B's
-   shape (dims in SHAPES; LoRA and token budgets from configs/models/qwen2.5-0.5b.yaml) at the
-   seed's RL batch: 32 prompts x 2 samples, 2 planner turns (256 tokens each) around one executor
-   call (384): planner conversations of 732 tokens and executor calls of 484, short of the seed's
-   3,072 prompt and 1,024 response tokens. It times the rollout on the hf engine, one RL update
-   through the trainer's own `_fixed_logprobs` and `_update` (the old-log-prob pass, two optimizer
-   passes, the SFT term, in the model config's micro-batches: model.memory) and one 04 SFT step,
-   with peak memory and updated tokens/s, then the update at each --sweep micro-batch budget; an
-   update that does not fit is halved until it does, and each size that ran out of memory is
-   listed; a phase that fails otherwise is named in `failed`, and the figures measured before it
-   are kept. Then Gemma-2-2B's shape if the --budget allows, and in any case an estimate of its
-   seconds scaled from Qwen's by parameter count (seconds only: memory does not scale so).
+2. `seed_shape.<model>` (benchmarks/gpu_shapes.py `ShapeRun`), Qwen2.5-0.5B then Gemma-2-2B: the
+   random model of the shape (dims in SHAPES; LoRA, token budgets and `model.memory` from
+   configs/models/<name>.yaml), then one RL update at the seed's batch, 32 prompts x 2 samples of
+   2 planner turns (256 tokens each) around one executor call (384): planner conversations of 732
+   tokens and executor calls of 484, short of the seed's 3,072 prompt and 1,024 response tokens;
+   through the trainer's own `_fixed_logprobs` and `_update` (an update that runs out of memory is
+   halved until it fits, each size listed), with peak memory and updated tokens/s; then one 04 SFT
+   step. Gemma-2 runs on eager attention (its softcap; utils/core/models.py).
+3. `budget_sweep` of each shape: the update at each --sweep micro-batch budget.
+4. `rollout` of each shape: the three turns, each to its full budget, on the hf engine.
+5. `chain.<dtype>`, for bfloat16 then float32: 00-03, a short 04 (200 steps, validated once), 05 red
+   (5 steps) and 07 on the warmup and red (first --limit items), with model.device=<device> and the
+   hf engine (trainer and engine in that dtype): each stage's seconds and peak GPU memory, the SFT
+   and RL step times, each RL step's rollout/logprob_mismatch and the test accuracies. In bfloat16,
+   05 runs as a process of its own, is SIGKILLed while it writes its third checkpoint
+   (utils/core/faults.py), and is run again: it must resume from step 2 and log each step once.
+Last, `gemma_estimate_from_qwen`: Gemma's seconds scaled from Qwen's by parameter count, for when
+Gemma's own did not run (seconds only: memory does not scale so).
+
+The CPU dry run of the same code (`--dry_run`: --device cpu --quick --hide vllm,wandb,ray; about a
+minute here) runs in the suite (tests/test_gpu_check.py):
+
+    .venv/bin/python benchmarks/gpu_check.py --dry_run --out /tmp/gpu_check
 """
 import argparse
 import importlib
@@ -56,9 +61,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpu_shapes import SHAPES, gpu_reset, param_count, seed_shape  # noqa: E402
+from gpu_shapes import SHAPES, ShapeRun, gpu_reset, param_count  # noqa: E402
+from utils.core.faults import fault_point  # noqa: E402
 from utils.core.io import read_jsonl  # noqa: E402
-from utils.core.manifest import read_manifest  # noqa: E402
+from utils.core.manifest import atomic_write_text, read_manifest  # noqa: E402
+from utils.core.signals import TERMINATED_EXIT, Terminated, sigterm_as_interrupt, stop_word  # noqa: E402
 
 STAGES = ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces", "04_sft_warmup")
 RL_STAGE = "05_train_red_grpo"
@@ -151,7 +158,9 @@ def killed_and_resumed(run: Path, argv: list[str], steps: int, hidden: str) -> d
     return out
 
 
-def chain(args, dtype: str, data: Path, kill: bool) -> dict:
+def chain(args, dtype: str, data: Path, kill: bool, out: dict, save) -> None:
+    """The embedded default's stages in `dtype` into `out`, a stage's record as soon as it completes
+    (`save` after each); a stage that exits non-zero ends the chain (RuntimeError)."""
     run_id = f"gpu_check_{dtype}"
     run = args.out / "runs" / run_id
     steps = 3 if args.quick else 5
@@ -159,10 +168,10 @@ def chain(args, dtype: str, data: Path, kill: bool) -> dict:
     # warmup this short on a step whose every group scores alike
     sets = ["regime=regime_d", f"outputs_dir={args.out / 'runs'}", f"data.path={data}", f"model.device={args.device}",
             "model.engine.name=hf", f"model.dtype={dtype}", f"model.engine.dtype={dtype}", "wandb_mode=disabled",
-            "warmup.steps=200", "warmup.decay_start=0", "warmup.eval_every=0", "warmup.eval_size=50", f"algorithm.rl.steps={steps}", "algorithm.rl.save_freq=1",
-            *(QUICK_SETS if args.quick else []), *args.set]
+            "warmup.steps=200", "warmup.decay_start=0", "warmup.eval_every=0", "warmup.eval_size=50",
+            f"algorithm.rl.steps={steps}", "algorithm.rl.save_freq=1", *(QUICK_SETS if args.quick else []), *args.set]
     argv = ["--run_id", run_id] + [a for s in sets for a in ("--set", s)]
-    out: dict = {"stages": {}}
+    out["stages"] = {}
     for script in (*STAGES, RL_STAGE, "07_evaluate"):
         gpu_reset()
         t0 = time.time()
@@ -170,12 +179,15 @@ def chain(args, dtype: str, data: Path, kill: bool) -> dict:
             out["resume"] = killed_and_resumed(run, argv, steps, args.hide)
             code = out["resume"]["resumed_returncode"]
         else:
-            code = in_process(script, argv + (["--checkpoint", "sft_warmup,red", "--limit", str(args.limit)] if script == "07_evaluate" else []))
+            code = in_process(script, argv + (["--checkpoint", "sft_warmup,red", "--limit", str(args.limit)]
+                                              if script == "07_evaluate" else []))
+        if code in (130, TERMINATED_EXIT):  # the stage caught our SIGTERM or Ctrl-C: the whole check stops
+            raise Terminated(f"{script} stopped by a signal (exit {code})")
         if code != 0:
-            out["failed"] = f"{script} exited {code}"
-            return out
+            raise RuntimeError(f"{script} exited {code}")  # the chain ends here; main names it in `failed`
         stage = f"{RL_STAGE}/red" if script == RL_STAGE else "07_evaluate/red" if script == "07_evaluate" else script
         out["stages"][script] = _stage_record(run, stage, time.time() - t0)
+        save()
     sft = [r["time/step"] for r in read_jsonl(run / "04_sft_warmup" / "logs" / "train.jsonl")][1:]  # the first warms up
     rl = read_jsonl(run / RL_STAGE / "red" / "metrics.jsonl")
     out["sft_step_s_median"] = round(statistics.median(sft), 5)
@@ -185,42 +197,86 @@ def chain(args, dtype: str, data: Path, kill: bool) -> dict:
     out["accuracy"] = {c: json.loads((run / "07_evaluate" / c / "metrics.json").read_text())["accuracy"]
                        for c in ("sft_warmup", "red")}
     out["warmup_val_accuracy"] = read_manifest(run / "04_sft_warmup")["metrics"].get("final_val_accuracy")
-    return out
 
 
 def summary(r: dict) -> str:
+    """The text summary of whatever `r` holds so far (every section may be partial)."""
     lines = [f"env: {json.dumps(r['env'])}"]
+    for name, s in r.get("seed_shape", {}).items():
+        lines.append(f"seed shape {name}: {json.dumps(s)}")
+    if "gemma_estimate_from_qwen" in r:
+        lines.append(f"gemma estimate from qwen: {json.dumps(r['gemma_estimate_from_qwen'])}")
     for dtype, c in r.get("chain", {}).items():
         rl = c.get("rl_steps", [])
         mism = [s["rollout/logprob_mismatch"] for s in rl if s.get("rollout/logprob_mismatch") is not None]
-        lines += [f"chain {dtype}: {c.get('failed', 'completed')}; stages (s, peak GPU MiB): "
-                  + ", ".join(f"{k[:2]} {v['seconds']} {v['peak_gpu_mb']}" for k, v in c["stages"].items()),
+        state = "; ".join(c["failed"]) if "failed" in c else "completed" if "accuracy" in c else "cut"
+        lines += [f"chain {dtype}: {state}; stages (s, peak GPU MiB): "
+                  + ", ".join(f"{k[:2]} {v['seconds']} {v['peak_gpu_mb']}" for k, v in c.get("stages", {}).items()),
                   f"  SFT step {c.get('sft_step_s_median')} s; RL step rollout/update "
                   + ", ".join(f"{s['time/rollout']:.2f}/{s['time/update']:.2f}" for s in rl)
                   + f" s; logprob mismatch max {max(mism, default=float('nan')):.2e}; accuracy {c.get('accuracy')}"
                   + (f"; resume ok: {c['resume']['ok']}" if "resume" in c else "")]
-    for name, s in r.get("seed_shape", {}).items():
-        lines.append(f"seed shape {name}: {json.dumps(s)}")
-    return "\n".join(lines) + "\n"
+    if r.get("skipped"):
+        lines.append(f"skipped (over the budget): {', '.join(r['skipped'])}")
+    if r.get("stopped"):
+        lines.append(f"stopped: {r['stopped']}")
+    return "\n".join(lines) + f"\nseconds so far {r.get('seconds')}\n"
+
+
+def gemma_estimate(r: dict) -> dict | None:
+    """Gemma's seconds scaled from Qwen's by parameter count, for each figure Qwen's shape has."""
+    q = r["seed_shape"].get("qwen2.5-0.5b", {})
+    have = {k: q[k] for k in ("update_s", "sft_step_s") if k in q}
+    if "rollout" in q:
+        have["rollout_s"] = q["rollout"]["seconds"]
+    if not have:
+        return None
+    ratio = param_count("gemma-2-2b") / param_count("qwen2.5-0.5b")
+    return {"param_ratio": round(ratio, 2), "basis": "Qwen's seconds x parameter ratio",
+            **{k: round(v * ratio, 2) for k, v in have.items()}}
+
+
+def plan(args, r: dict, data: Path, save) -> list[tuple[dict, str, object]]:
+    """The phases in order, as (the section their figures go to, name, callable)."""
+    shapes = [ShapeRun(args, n, args.out, r["seed_shape"].setdefault(n, {})) for n in args.shapes.split(",") if n]
+    budgets = [int(b) for b in args.sweep.split(",") if b]
+    phases = []
+    for s in shapes:
+        phases += [(s.out, f"{s.name}/build", s.build), (s.out, f"{s.name}/update", s.update),
+                   (s.out, f"{s.name}/sft_step", s.sft_step), (s.out, f"{s.name}/release", s.release)]
+    for s in shapes if budgets else []:
+        phases += [(s.out, f"{s.name}/budget_sweep", lambda s=s: s.sweep(budgets)), (s.out, f"{s.name}/release", s.release)]
+    for s in shapes:
+        phases += [(s.out, f"{s.name}/rollout", s.rollout)] if args.rollout else []
+        phases.append((s.out, f"{s.name}/remove", s.remove))
+    for d in (d for d in args.dtypes.split(",") if d):
+        out: dict = {}  # in r["chain"] once the phase starts
+        phases.append((out, f"chain/{d}", lambda d=d, out=out: chain(args, d, data, d == "bfloat16",
+                                                                     r["chain"].setdefault(d, out), save)))
+    return phases
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "gpu_check")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    ap.add_argument("--quick", action="store_true", help="tiny data, steps and shapes: the CPU dry run")
+    ap.add_argument("--quick", action="store_true", help="tiny data, steps and shapes")
+    ap.add_argument("--dry_run", action="store_true", help="the CPU rehearsal: --device cpu --quick --hide vllm,wandb,ray")
     ap.add_argument("--hide", default="", help="comma-separated packages to make unimportable, e.g. vllm,wandb,ray")
-    ap.add_argument("--budget", type=float, default=420.0, help="seconds; Gemma's shape is measured only within it")
-    ap.add_argument("--dtypes", default="float32,bfloat16", help="the chain's dtypes; 05 is killed in bfloat16's")
+    ap.add_argument("--budget", type=float, default=400.0, help="seconds; a phase that would start later is skipped")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="seed shapes to measure, of: " + ", ".join(SHAPES))
-    ap.add_argument("--shapes_first", action="store_true", help="measure the seed shapes before the chain")
     ap.add_argument("--sweep", default=None, help="micro-batch token budgets the seed shapes' update is also timed "
-                                                  "at (default 8192,16384,32768; --quick: 128)")
+                                                  "at (default 8192,16384,32768; --quick: 128; \"\": none)")
+    ap.add_argument("--no_rollout", dest="rollout", action="store_false", help="leave out the shapes' rollouts")
+    ap.add_argument("--dtypes", default="bfloat16,float32", help="the chain's dtypes (\"\": none); 05 is killed in "
+                                                                  "bfloat16's")
     ap.add_argument("--limit", type=int, default=100, help="07: the first N test items (0 = all)")
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE, added to every stage of the chain")
     ap.add_argument("--run_stage", help=argparse.SUPPRESS)  # internal: one stage script as a child process
     ap.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.dry_run:
+        args.device, args.quick, args.hide = "cpu", True, args.hide or "vllm,wandb,ray"
     if args.sweep is None:
         args.sweep = "128" if args.quick else "8192,16384,32768"
     hide(args.hide)
@@ -230,38 +286,49 @@ def main() -> int:
         return 0
     t0, args.out = time.time(), args.out.resolve()
     shutil.rmtree(args.out / "runs", ignore_errors=True)
-    r: dict = {"argv": sys.argv[1:], "env": environment(), "chain": {}, "seed_shape": {}}
-    save = lambda: (args.out / "gpu_check.json").write_text(json.dumps(r, indent=1))  # noqa: E731
+    args.out.mkdir(parents=True, exist_ok=True)
+    r: dict = {"argv": sys.argv[1:], "env": environment(), "seed_shape": {}, "chain": {}, "skipped": []}
+
+    def save() -> None:  # both files, each replaced whole (utils/core/manifest.py), after every phase
+        r["seconds"] = round(time.time() - t0, 1)
+        atomic_write_text(args.out / "gpu_check.json", json.dumps(r, indent=1))
+        atomic_write_text(args.out / "gpu_check.txt", summary(r))
+
     from utils.core.loader import load_run_config
     from utils.data.synthetic import write_dataset
 
     data = load_run_config("tiny-arith", "red", "synthetic_arith", QUICK_SETS if args.quick else []).data
     write_dataset(data, args.out / "data")
-    parts = [("chain", d) for d in args.dtypes.split(",") if d] + [("shape", n) for n in args.shapes.split(",") if n]
-    for kind, name in sorted(parts, key=lambda p: p[0] != "shape") if args.shapes_first else parts:
-        if kind == "shape" and name != "qwen2.5-0.5b" and time.time() - t0 > args.budget:
-            r["seed_shape"][name] = {"skipped": f"over the {args.budget:.0f} s budget"}
-            continue
-        try:
-            if kind == "chain":
-                r["chain"][name] = chain(args, name, args.out / "data", kill=name == "bfloat16")
-            else:
-                r["seed_shape"][name] = seed_shape(args, name, args.out)
-        except Exception as exc:  # noqa: BLE001 - a part that breaks is recorded; the others still run
-            r["chain" if kind == "chain" else "seed_shape"][name] = {"failed": f"{type(exc).__name__}: {exc}"[:2000],
-                                                                     "stages": {}}
-        save()
-    q = r["seed_shape"].get("qwen2.5-0.5b", {})
-    if "update_s" in q:
-        ratio = param_count("gemma-2-2b") / param_count("qwen2.5-0.5b")
-        r["gemma_estimate_from_qwen"] = {"param_ratio": round(ratio, 2), "basis": "Qwen's seconds x parameter ratio",
-                                         **{k: round(q[k] * ratio, 2) for k in ("update_s", "sft_step_s")},
-                                         "rollout_s": round(q["rollout"]["seconds"] * ratio, 1)}
-    r["seconds"] = round(time.time() - t0, 1)
     save()
-    (args.out / "gpu_check.txt").write_text(summary(r) + f"total {r['seconds']} s\n")
-    print(summary(r) + f"total {r['seconds']} s")
-    ok = all("failed" not in c and c.get("resume", {"ok": True})["ok"] for c in r["chain"].values())
+    broken: set[int] = set()  # sections whose build failed: the rest of that shape is not run
+    name = "start"
+    try:
+        with sigterm_as_interrupt():  # `timeout`'s SIGTERM stops the check, in a stage or between them
+            for section, name, fn in plan(args, r, args.out / "data", save):
+                if id(section) in broken and not name.endswith(("/release", "/remove")):
+                    continue
+                if time.time() - t0 > args.budget and not name.endswith(("/release", "/remove")):
+                    r["skipped"].append(name)
+                    continue
+                fault_point(f"gpu_check:{name}")  # the rehearsal's kill (tests/test_gpu_check.py)
+                try:
+                    fn()
+                except Exception as exc:  # noqa: BLE001 - a phase that breaks is recorded; the others still run
+                    section.setdefault("failed", []).append(f"{name}: {type(exc).__name__}: {exc}"[:2000])
+                    if name.endswith("/build"):
+                        broken.add(id(section))
+                if (estimate := gemma_estimate(r)) is not None:
+                    r["gemma_estimate_from_qwen"] = estimate
+                save()
+    except KeyboardInterrupt as exc:
+        r["stopped"] = f"{stop_word(exc)} in {name}"
+        save()
+        print(summary(r))
+        return TERMINATED_EXIT if isinstance(exc, Terminated) else 130
+    save()
+    print(summary(r))
+    failed = [c for c in (*r["seed_shape"].values(), *r["chain"].values()) if "failed" in c]
+    ok = not failed and all(c.get("resume", {"ok": True})["ok"] for c in r["chain"].values())
     return 0 if ok else 1
 
 

@@ -193,103 +193,127 @@ def sft_loop(cfg, policy, examples: list, out_dir: Path):
     return SftLoop(policy, examples, warmup, cfg.seed, 0, out_dir, None, "bench", **extra)
 
 
-def time_training(policy, cfg, n: int, lens: dict, budget_p: int, budget_e: int, sft_n: int, out: dict,
-                  where: Path) -> None:
-    """One RL update (05's: the old-log-prob pass, ppo_epochs optimizer passes, its SFT term of
-    algorithm.sft.batch_size conversations) on n episodes, and one SFT step (04's) on sft_n planner
-    conversations, into `out` as each is measured (a later failure keeps the earlier figures); n
-    halves until the update fits. Micro-batches of the model config's model.memory budget."""
-    import torch
-    from utils.train.policy import policy_device
+class ShapeRun:
+    """One seed shape through the check's phases (benchmarks/gpu_check.py), each figure put into `out`
+    as soon as it is measured, so that a phase that fails or is killed loses only its own:
 
-    dev = policy_device(policy)
-    turns = [(SEED_BATCH["planner_prompt"], budget_p)]
-    sft_examples = _examples(sft_n, lens["planner"], turns, "planner")
-    trainer = bare_trainer(cfg, policy, sft_examples, where / "trainer")
-    out.update(oom_at_episodes=[], update_sft_sequences=cfg.algorithm.sft.batch_size,
-               memory={k: getattr(cfg.model.memory, k) for k in ("micro_batch_tokens", "logits_chunk_mib",
-                                                                "activation_checkpointing")})
-    while n >= 1:
-        try:
-            gpu_reset()
-            batch = rl_batch(n, lens, budget_p, budget_e).to(dev)
-            out["update_s"] = _timed(torch, lambda: trainer_update(trainer, batch))
-            tokens = int(batch.attn.sum()) * cfg.algorithm.rl.ppo_epochs
-            out.update(update_episodes=n, update_sequences=2 * n, update_peak_gpu_mb=peak_gpu_mb(),
-                       update_tokens_per_s=round(tokens / out["update_s"], 1))
-            break
-        except torch.OutOfMemoryError:
-            out["oom_at_episodes"].append(n)
-            batch = None
-            n //= 2
-    gpu_reset()
-    out["phase"] = "sft_step"
-    loop = sft_loop(cfg, policy, sft_examples, where / "sft")
-    out["sft_step_s"] = _timed(torch, loop._update)
-    out.update(sft_sequences=sft_n, sft_peak_gpu_mb=peak_gpu_mb())
+    - `build`: the random model of the shape, saved under `where` (once);
+    - `update`: one RL update (05's: the old-log-prob pass, ppo_epochs optimizer passes, its SFT term
+      of algorithm.sft.batch_size conversations) on the seed's episodes, halved until it fits;
+    - `sft_step`: one SFT step (04's) on warmup.batch_size planner conversations;
+    - `sweep`: the update at each micro-batch budget;
+    - `rollout`: the three turns on the hf engine.
 
+    Micro-batches and chunks of the model config's `model.memory`; `--quick` shrinks everything."""
 
-def budget_sweep(policy, cfg, n: int, lens: dict, budget_p: int, budget_e: int, budgets: list[int],
-                 where: Path) -> list[dict]:
-    """The RL update at each micro-batch budget: seconds, peak memory and updated tokens/s."""
-    import torch
-    from dataclasses import replace
-    from utils.train.policy import policy_device
+    def __init__(self, args, name: str, where: Path, out: dict):
+        from utils.core.loader import load_run_config
 
-    rows = []
-    batch = rl_batch(n, lens, budget_p, budget_e).to(policy_device(policy))
-    for b in budgets:
-        c = replace(cfg, model=replace(cfg.model, memory=replace(cfg.model.memory, micro_batch_tokens=b)))
-        trainer = bare_trainer(c, policy, _examples(c.algorithm.sft.batch_size, lens["planner"],
-                                                    [(SEED_BATCH["planner_prompt"], budget_p)], "planner"),
-                               where / f"sweep_{b}")
+        self.name, self.where, self.out, self.device = name, where, out, args.device
+        self.cfg = load_run_config(name, "red", "synthetic_arith", ["algorithm.rl.stratify=false"])
+        self.dtype = self.cfg.model.dtype if args.device == "cuda" else "float32"
+        self.quick = args.quick
+        b = SEED_BATCH
+        self.n, self.sft_n = (4, 4) if args.quick else (b["questions"] * b["samples"], self.cfg.warmup.batch_size)
+        agent = self.cfg.agent
+        self.budget_p, self.budget_e = (16, 24) if args.quick else (agent.max_new_tokens_planner,
+                                                                    agent.max_new_tokens_executor)
+        self.lens = _episode_lengths(self.budget_p, self.budget_e)
+        self.policy = None
+
+    @property
+    def path(self) -> Path:
+        return self.where / self.name
+
+    def build(self) -> None:
+        t0 = time.time()
+        model_type, dims = SHAPES[self.name]
+        params = build_random(self.name, QUICK_DIMS if self.quick else dims, model_type, self.dtype, self.where)
+        lora = self.cfg.model.lora
+        self.out.update(params=params, dtype=self.dtype, lora={"rank": lora.rank, "targets": list(lora.target_modules)},
+                        episodes=self.n, budgets=[self.budget_p, self.budget_e, self.budget_p], lengths=self.lens,
+                        memory={k: getattr(self.cfg.model.memory, k) for k in ("micro_batch_tokens", "logits_chunk_mib",
+                                                                               "activation_checkpointing")},
+                        build_s=round(time.time() - t0, 1))
+
+    def _policy(self):
+        from utils.train.policy import load_policy
+
+        if self.policy is None:
+            self.policy = load_policy(self.path, self.cfg.model.lora, self.dtype, device=self.device,
+                                      checkpointing=self.cfg.model.memory.activation_checkpointing)
+        return self.policy
+
+    def _sft_examples(self, n: int) -> list:
+        return _examples(n, self.lens["planner"], [(SEED_BATCH["planner_prompt"], self.budget_p)], "planner")
+
+    def update(self) -> None:
+        import torch
+        from utils.train.policy import policy_device
+
+        policy, cfg = self._policy(), self.cfg
+        trainer = bare_trainer(cfg, policy, self._sft_examples(self.sft_n), self.where / "trainer")
+        self.out.update(oom_at_episodes=[], update_sft_sequences=cfg.algorithm.sft.batch_size)
+        n = self.n
+        while n >= 1:
+            try:
+                gpu_reset()
+                batch = rl_batch(n, self.lens, self.budget_p, self.budget_e).to(policy_device(policy))
+                seconds = _timed(torch, lambda: trainer_update(trainer, batch))
+                tokens = int(batch.attn.sum()) * cfg.algorithm.rl.ppo_epochs
+                self.out.update(update_s=seconds, update_episodes=n, update_sequences=2 * n,
+                                update_peak_gpu_mb=peak_gpu_mb(), update_tokens_per_s=round(tokens / seconds, 1))
+                break
+            except torch.OutOfMemoryError:
+                self.out["oom_at_episodes"].append(n)
+                batch = None
+                n //= 2
         gpu_reset()
-        try:
-            s = _timed(torch, lambda: trainer_update(trainer, batch), repeats=2)
-            rows.append({"micro_batch_tokens": b, "update_s": s, "peak_gpu_mb": peak_gpu_mb(),
-                         "tokens_per_s": round(int(batch.attn.sum()) * c.algorithm.rl.ppo_epochs / s, 1)})
-        except torch.OutOfMemoryError:
-            rows.append({"micro_batch_tokens": b, "failed": "out of memory"})
-    gpu_reset()
-    return rows
 
+    def sft_step(self) -> None:
+        import torch
 
-def seed_shape(args, name: str, where: Path) -> dict:
-    from utils.core.loader import load_run_config
-    from utils.train.policy import load_policy
+        gpu_reset()
+        loop = sft_loop(self.cfg, self._policy(), self._sft_examples(self.sft_n), self.where / "sft")
+        self.out["sft_step_s"] = _timed(torch, loop._update)
+        self.out.update(sft_sequences=self.sft_n, sft_peak_gpu_mb=peak_gpu_mb())
+        gpu_reset()
 
-    cfg = load_run_config(name, "red", "synthetic_arith", ["algorithm.rl.stratify=false"])
-    model_type, dims = SHAPES[name]
-    dtype = cfg.model.dtype if args.device == "cuda" else "float32"
-    b = SEED_BATCH
-    n, sft_n = (4, 4) if args.quick else (b["questions"] * b["samples"], cfg.warmup.batch_size)
-    budget_p, budget_e = ((16, 24) if args.quick else (cfg.agent.max_new_tokens_planner, cfg.agent.max_new_tokens_executor))
-    t0 = time.time()
-    params = build_random(name, QUICK_DIMS if args.quick else dims, model_type, dtype, where)
-    lens = _episode_lengths(budget_p, budget_e)
-    out = {"params": params, "dtype": dtype, "lora": {"rank": cfg.model.lora.rank, "targets": list(cfg.model.lora.target_modules)},
-           "episodes": n, "budgets": [budget_p, budget_e, budget_p], "lengths": lens, "build_s": round(time.time() - t0, 1)}
-    policy = None
-    try:  # a phase that fails (out of memory, say) is named, and the figures before it are kept
-        out["phase"] = "rollout"
-        out["rollout"] = time_rollout(where / name, dtype, n, budget_p, budget_e)
-        out["phase"] = "update"
-        memory = cfg.model.memory
-        policy = load_policy(where / name, cfg.model.lora, dtype, device=args.device,
-                             checkpointing=memory.activation_checkpointing)
-        time_training(policy, cfg, n, lens, budget_p, budget_e, sft_n, out, where)
-        sweep = [int(b) for b in str(getattr(args, "sweep", "") or "").split(",") if b]
-        if sweep:
-            out["phase"] = "budget_sweep"
-            out["budget_sweep"] = budget_sweep(policy, cfg, out["update_episodes"], lens, budget_p, budget_e, sweep,
-                                               where)
-        del out["phase"]
-    except Exception as exc:  # noqa: BLE001 - recorded; the check goes on with its other parts
-        out["failed"] = f"{out.pop('phase')}: {type(exc).__name__}: {exc}"[:2000]
-    del policy
-    gpu_reset()
-    shutil.rmtree(where / name, ignore_errors=True)
-    return out
+    def sweep(self, budgets: list[int]) -> None:
+        """The RL update at each micro-batch budget (at the episodes the update fitted): seconds, peak
+        memory and updated tokens/s, a row as each is measured."""
+        import torch
+        from dataclasses import replace
+        from utils.train.policy import policy_device
+
+        policy, cfg = self._policy(), self.cfg
+        batch = rl_batch(self.out.get("update_episodes", self.n), self.lens, self.budget_p,
+                         self.budget_e).to(policy_device(policy))
+        rows = self.out["budget_sweep"] = []
+        for b in budgets:
+            c = replace(cfg, model=replace(cfg.model, memory=replace(cfg.model.memory, micro_batch_tokens=b)))
+            trainer = bare_trainer(c, policy, self._sft_examples(c.algorithm.sft.batch_size), self.where / f"sweep_{b}")
+            gpu_reset()
+            try:
+                s = _timed(torch, lambda: trainer_update(trainer, batch), repeats=2)
+                rows.append({"micro_batch_tokens": b, "update_s": s, "peak_gpu_mb": peak_gpu_mb(),
+                             "tokens_per_s": round(int(batch.attn.sum()) * c.algorithm.rl.ppo_epochs / s, 1)})
+            except torch.OutOfMemoryError:
+                rows.append({"micro_batch_tokens": b, "failed": "out of memory"})
+        gpu_reset()
+
+    def rollout(self) -> None:
+        self.release()
+        self.out["rollout"] = time_rollout(self.path, self.dtype, self.n, self.budget_p, self.budget_e)
+
+    def release(self) -> None:
+        """Free the policy (the next shape's peak must not count it)."""
+        self.policy = None
+        gpu_reset()
+
+    def remove(self) -> None:
+        self.release()
+        shutil.rmtree(self.path, ignore_errors=True)
 
 
 def param_count(name: str) -> int:
