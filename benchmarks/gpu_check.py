@@ -28,7 +28,9 @@ listed in `skipped`. The phases, in order:
    through the trainer's own `_fixed_logprobs` and `_update` (an update that runs out of memory is
    halved until it fits, each size listed), with peak memory and updated tokens/s; then one 04 SFT
    step. Gemma-2 runs on eager attention (its softcap; utils/core/models.py).
-3. `budget_sweep` of each shape: the update at each --sweep micro-batch budget.
+3. `budget_sweep` of each shape: the update at each --sweep micro-batch budget; then `pass_cost`: a
+   no-grad forward's fixed cost in tokens, fitted over 1-16 rows of 512 tokens (the trainer's
+   length-chunking, utils/train/policy.py PASS_COST_TOKENS, uses the CPU's 256 on every device).
 4. `rollout` of each shape: the three turns, each to its full budget, on the hf engine.
 5. `chain.<dtype>`, for bfloat16 then float32: 00-03, a short 04 (200 steps, validated once), 05 red
    (5 steps) and 07 on the warmup and red (first --limit items), with model.device=<device> and the
@@ -244,8 +246,9 @@ def plan(args, r: dict, data: Path, save) -> list[tuple[dict, str, object]]:
     for s in shapes:
         phases += [(s.out, f"{s.name}/build", s.build), (s.out, f"{s.name}/update", s.update),
                    (s.out, f"{s.name}/sft_step", s.sft_step), (s.out, f"{s.name}/release", s.release)]
-    for s in shapes if budgets else []:
-        phases += [(s.out, f"{s.name}/budget_sweep", lambda s=s: s.sweep(budgets)), (s.out, f"{s.name}/release", s.release)]
+    for s in shapes:
+        phases += [(s.out, f"{s.name}/budget_sweep", lambda s=s: s.sweep(budgets))] if budgets else []
+        phases += [(s.out, f"{s.name}/pass_cost", s.pass_cost), (s.out, f"{s.name}/release", s.release)]
     for s in shapes:
         phases += [(s.out, f"{s.name}/rollout", s.rollout)] if args.rollout else []
         phases.append((s.out, f"{s.name}/remove", s.remove))

@@ -202,6 +202,7 @@ class ShapeRun:
       of algorithm.sft.batch_size conversations) on the seed's episodes, halved until it fits;
     - `sft_step`: one SFT step (04's) on warmup.batch_size planner conversations;
     - `sweep`: the update at each micro-batch budget;
+    - `pass_cost`: a forward pass's fixed cost, in tokens (what length-chunking trades padding against);
     - `rollout`: the three turns on the hf engine.
 
     Micro-batches and chunks of the model config's `model.memory`; `--quick` shrinks everything."""
@@ -300,6 +301,30 @@ class ShapeRun:
                              "tokens_per_s": round(int(batch.attn.sum()) * c.algorithm.rl.ppo_epochs / s, 1)})
             except torch.OutOfMemoryError:
                 rows.append({"micro_batch_tokens": b, "failed": "out of memory"})
+        gpu_reset()
+
+    def pass_cost(self) -> None:
+        """A forward pass's fixed cost in padded tokens on this device, the figure utils/train/policy.py
+        PASS_COST_TOKENS (256, fitted on the CPU) stands for: no-grad forwards of 1 to 16 rows of one
+        width, each timed (median after a warm-up), then least squares of seconds = fixed + per_token x
+        tokens; the cost is fixed / per_token."""
+        import statistics
+
+        import torch
+        from utils.train.policy import forward_logprobs, policy_device
+
+        policy, width = self._policy(), 32 if self.quick else 512
+        g = torch.Generator().manual_seed(2)
+        points = []
+        for rows in (1, 2, 4, 8, 16):
+            ids = torch.randint(3, 100, (rows, width), generator=g).to(policy_device(policy))
+            with torch.no_grad():
+                seconds = _timed(torch, lambda: forward_logprobs(policy, ids, torch.ones_like(ids),
+                                                                 chunk_mib=self.cfg.model.memory.logits_chunk_mib))
+            points.append((rows * width, seconds))
+        slope, fixed = statistics.linear_regression([p[0] for p in points], [p[1] for p in points])
+        self.out["pass_cost"] = {"points": points, "fixed_s": round(fixed, 6), "per_token_s": slope,
+                                 "tokens": round(fixed / slope) if slope > 0 else None}
         gpu_reset()
 
     def rollout(self) -> None:

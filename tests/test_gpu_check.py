@@ -54,6 +54,7 @@ def test_the_gpu_check_dry_run_passes_on_the_cpu_with_vllm_wandb_and_ray_hidden(
         assert s["update_s"] > 0 and s["update_episodes"] == 4 and s["sft_step_s"] > 0, s
         assert s["memory"]["activation_checkpointing"] is True and s["update_tokens_per_s"] > 0, s
         assert [b["micro_batch_tokens"] for b in s["budget_sweep"]] == [128] and s["budget_sweep"][0]["update_s"] > 0
+        assert len(s["pass_cost"]["points"]) == 5 and s["pass_cost"]["per_token_s"] > 0, s["pass_cost"]
         assert "failed" not in s, s
         assert s["lora"] == {"rank": 16, "targets": ["q_proj", "v_proj"]}  # configs/models/<name>.yaml
     assert r["gemma_estimate_from_qwen"]["update_s"] > 0
@@ -110,7 +111,7 @@ def test_phases_past_the_budget_are_skipped_and_listed(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads((tmp_path / "gpu_check.json").read_text())
     assert r["skipped"] == [f"{n}/{p}" for n in SHAPES for p in ("build", "update", "sft_step")] + \
-        [f"{n}/rollout" for n in SHAPES] + ["chain/float32"], r["skipped"]
+        [f"{n}/pass_cost" for n in SHAPES] + [f"{n}/rollout" for n in SHAPES] + ["chain/float32"], r["skipped"]
     assert "skipped (over the budget): qwen2.5-0.5b/build" in (tmp_path / "gpu_check.txt").read_text()
 
 

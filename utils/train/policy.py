@@ -123,7 +123,10 @@ def batch_logprobs(model, ids, attn, need=None, temperature: float = 1.0, memory
     return out
 
 
-PASS_COST_TOKENS = 256  # a forward pass's fixed cost, in padded tokens (benchmarks/step_profile.py)
+# a forward pass's fixed cost, in padded tokens, fitted on the 2-core CPU (benchmarks/step_profile.py)
+# and used on every device: a GPU's is larger (its per-token cost is far smaller), which would favour
+# fewer, wider passes; benchmarks/gpu_check.py measures it (`pass_cost`) when a GPU is lent
+PASS_COST_TOKENS = 256
 
 
 def length_chunks(lengths: list[int], pass_cost: int = PASS_COST_TOKENS) -> list[list[int]]:
