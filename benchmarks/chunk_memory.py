@@ -6,21 +6,22 @@
 Each mode runs in a process of its own, with glibc's MALLOC_MMAP_THRESHOLD_ at 64 KiB so that every
 tensor is its own mapping and the resident memory follows what is alive (with glibc's default the
 heap keeps freed chunks: the same grad run grew the peak by 700-1,000 MiB over 25 chunks, 1,560 MiB
-over 50, while what was alive stayed under 45 MiB): a one-layer model with a 256,000-entry vocabulary (Gemma-2's
+over 50, while what was alive stayed under 60 MiB): a one-layer model with a 256,000-entry vocabulary (Gemma-2's
 size) and untied head, `--rows` positions through `head_logprobs` at `--chunk_mib`, forward and, but
 for `nograd`, backward (the gradient reaches the final norm's weight, not the head's, so no
-vocabulary-sized gradient is kept). A warm-up on 2 positions first, then the process's peak resident
-memory (ru_maxrss) is read before and after the measured call: the growth is the chunk's working set
-plus its small [positions, hidden] tensors. The modes: `nograd` (the old-log-prob pass: entropy
+vocabulary-sized gradient is kept). A warm-up on 2 positions first; then the process's peak resident
+memory is reset (Linux's /proc/self/clear_refs; where that is refused, the peak so far, ru_maxrss, is
+the baseline) and read after the measured call: its growth over the resident memory before is the
+chunk's working set plus its small [positions, hidden] tensors. The modes: `nograd` (the old-log-prob pass: entropy
 value, temperature 1), `value` (the update without an entropy bonus), `grad` (with one), each at
 temperature 0.7; `--kind gemma2` adds the final-logit softcap. The last line (without --json) is
 
     worst_grew_mib=<x> chunk_mib=<y>
 
 On the 2-core AMD EPYC (2026-12-05), chunk_mib 64, 200 positions: when the setting bounded one fp32
-tensor (65 positions a chunk), the peak grew by 187 / 251 / 372 MiB (nograd / value / grad) and
-187 / 249 / 434 with Gemma's softcap, 6.8 times the setting at worst; sized by LIVE_LOGITS (8
-positions a chunk) it grew by 20 / 28 / 38 and 20 / 27 / 44 MiB, under the 64 it allows.
+tensor (65 positions a chunk), the peak grew by 193 / 256 / 383 MiB (nograd / value / grad) and
+193 / 256 / 447 with Gemma's softcap, 7.0 times the setting at worst; sized by LIVE_LOGITS (8
+positions a chunk) it grew by 26 / 34 / 49 and 26 / 34 / 57 MiB, under the 64 it allows.
 """
 import argparse
 import json
@@ -36,6 +37,22 @@ sys.path.insert(0, str(ROOT))
 VOCAB = 256_000
 MODES = ("nograd", "value", "grad")
 MMAP = {"MALLOC_MMAP_THRESHOLD_": "65536"}  # every allocation of 64 KiB or more is mapped, and unmapped when freed
+
+
+def _status_kib(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def _reset_peak() -> bool:
+    """Reset this process's peak resident memory (Linux: 5 to /proc/self/clear_refs); False where it cannot."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return _status_kib("VmHWM") <= _status_kib("VmRSS") + 1024
+    except (OSError, KeyError):
+        return False
 
 
 def measure(mode: str, kind: str, rows: int, chunk_mib: float) -> dict:
@@ -66,12 +83,15 @@ def measure(mode: str, kind: str, rows: int, chunk_mib: float) -> dict:
         (lp.sum() + (ent.sum() if mode == "grad" else 0)).backward()
 
     run(2)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_reset = _reset_peak()  # else the peak so far (model building's included) hides the call's
+    before = _status_kib("VmRSS") if peak_reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     run(rows)
-    grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    after = _status_kib("VmHWM") if peak_reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    grew = (after - before) / 1024
     n = chunk_rows(VOCAB, chunk_mib)
     return {"mode": mode, "kind": kind, "rows": rows, "chunk_mib": chunk_mib, "chunk_positions": n,
-            "one_fp32_chunk_mib": round(n * VOCAB * 4 / 2 ** 20, 1), "grew_mib": round(grew, 1)}
+            "one_fp32_chunk_mib": round(n * VOCAB * 4 / 2 ** 20, 1), "grew_mib": round(grew, 1),
+            "peak": "VmHWM after a reset" if peak_reset else "ru_maxrss"}
 
 
 def main() -> int:

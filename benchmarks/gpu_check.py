@@ -259,6 +259,37 @@ def plan(args, r: dict, data: Path, save) -> list[tuple[dict, str, object]]:
     return phases
 
 
+def run_phases(args, r: dict, save, t0: float) -> int | None:
+    """Every phase of `plan` in order, `save` after each; None, or the exit code of a check stopped by
+    SIGTERM (143) or Ctrl-C (130), which `r["stopped"]` names with the phase it cut."""
+    broken: set[int] = set()  # sections whose build failed: the rest of that shape is not run
+    name = "start"
+    try:
+        with sigterm_as_interrupt():  # `timeout`'s SIGTERM stops the check, in a stage or between them
+            for section, name, fn in plan(args, r, args.out / "data", save):
+                if id(section) in broken and not name.endswith(("/release", "/remove")):
+                    continue
+                if time.time() - t0 > args.budget and not name.endswith(("/release", "/remove")):
+                    r["skipped"].append(name)
+                    continue
+                fault_point(f"gpu_check:{name}")  # the rehearsal's kill (tests/test_gpu_check.py)
+                try:
+                    fn()
+                except Exception as exc:  # noqa: BLE001 - a phase that breaks is recorded; the others still run
+                    section.setdefault("failed", []).append(f"{name}: {type(exc).__name__}: {exc}"[:2000])
+                    if name.endswith("/build"):
+                        broken.add(id(section))
+                if (estimate := gemma_estimate(r)) is not None:
+                    r["gemma_estimate_from_qwen"] = estimate
+                save()
+    except KeyboardInterrupt as exc:
+        r["stopped"] = f"{stop_word(exc)} in {name}"
+        save()
+        print(summary(r))
+        return TERMINATED_EXIT if isinstance(exc, Terminated) else 130
+    return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "gpu_check")
@@ -303,31 +334,9 @@ def main() -> int:
     data = load_run_config("tiny-arith", "red", "synthetic_arith", QUICK_SETS if args.quick else []).data
     write_dataset(data, args.out / "data")
     save()
-    broken: set[int] = set()  # sections whose build failed: the rest of that shape is not run
-    name = "start"
-    try:
-        with sigterm_as_interrupt():  # `timeout`'s SIGTERM stops the check, in a stage or between them
-            for section, name, fn in plan(args, r, args.out / "data", save):
-                if id(section) in broken and not name.endswith(("/release", "/remove")):
-                    continue
-                if time.time() - t0 > args.budget and not name.endswith(("/release", "/remove")):
-                    r["skipped"].append(name)
-                    continue
-                fault_point(f"gpu_check:{name}")  # the rehearsal's kill (tests/test_gpu_check.py)
-                try:
-                    fn()
-                except Exception as exc:  # noqa: BLE001 - a phase that breaks is recorded; the others still run
-                    section.setdefault("failed", []).append(f"{name}: {type(exc).__name__}: {exc}"[:2000])
-                    if name.endswith("/build"):
-                        broken.add(id(section))
-                if (estimate := gemma_estimate(r)) is not None:
-                    r["gemma_estimate_from_qwen"] = estimate
-                save()
-    except KeyboardInterrupt as exc:
-        r["stopped"] = f"{stop_word(exc)} in {name}"
-        save()
-        print(summary(r))
-        return TERMINATED_EXIT if isinstance(exc, Terminated) else 130
+    stopped = run_phases(args, r, save, t0)
+    if stopped is not None:
+        return stopped
     save()
     print(summary(r))
     failed = [c for c in (*r["seed_shape"].values(), *r["chain"].values()) if "failed" in c]

@@ -205,3 +205,25 @@ def seeded(wins: dict[int, int], items: int = 200) -> tuple[dict, dict]:
     a = {(s, i): float(0 <= i < g) for s, g in wins.items() for i in range(items)}
     b = {(s, i): float(0 <= i < -g) for s, g in wins.items() for i in range(items)}
     return a, b
+
+
+def ragged_rl_batch(offline: bool = False, seed: int = 0):
+    """Nine sequences of five episodes (0 and 3 hold three and two rows: planner and executor calls),
+    ragged, with sampler log-probs, per-row advantages and, for red_paper, two expert rows."""
+    from utils.train.grpo import RlBatch
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = [38, 12, 9, 30, 14, 26, 11, 33, 20]
+    episode = [0, 0, 0, 1, 2, 3, 3, 4, 5]
+    ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(3, 90, (n,), generator=g)
+        attn[i, :n] = 1
+    mask = attn[:, 1:].float()
+    mask[:, :3] = 0
+    mask[2] = 0  # a sequence with no trained token
+    sampler = (-torch.rand(mask.shape, generator=g) * 3 - 0.5) * mask
+    off = torch.tensor([False] * 7 + [True, True]) if offline else torch.zeros(9, dtype=torch.bool)
+    return RlBatch(ids, attn, mask, sampler, torch.randn(9, generator=g), ["planner", "executor", "executor"] * 3,
+                   offline=off, accuracy=torch.rand(9, generator=g), episode=torch.tensor(episode))

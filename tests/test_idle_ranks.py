@@ -18,13 +18,13 @@ import sys
 import pytest
 import torch
 
-from helpers import free_port, random_lora
+from helpers import free_port, ragged_rl_batch, random_lora
 from utils.core.config import ROOT
 
 REL = 1e-4  # fp32: the same sums in another order, over three steps of AdamW
 MOVED = 1e-3  # the weights' largest difference, as a share of their largest move over the steps
 STEPS = 3
-SCENARIOS = {  # (rank 0's RL rows, rank 1's) of test_micro's nine-row batch, and the SFT batch size
+SCENARIOS = {  # (rank 0's RL rows, rank 1's) of helpers.ragged_rl_batch's nine rows, and the SFT batch size
     "idle": ((0, 1, 2, 3, 4, 5, 6, 7, 8), (), 2),
     "no_sft": ((0, 1, 2), (3, 4, 5, 6, 7, 8), 1),
     "empty": ((0, 1, 2, 3, 4, 5, 6, 7, 8), (), 1),
@@ -46,7 +46,6 @@ def _sft_examples():
 def run_steps(world, case: str, scenario: str, base_dir, out_dir) -> dict:
     """STEPS trainer updates of this rank's share of the step (the whole step in one process), with
     red_paper's state fold after each: the metrics, states and how far each LoRA weight moved."""
-    from test_micro import _rl_batch
     from utils.core.loader import load_run_config
     from utils.core.tracking import NullLogger
     from utils.train.grpo import take_rows
@@ -62,7 +61,7 @@ def run_steps(world, case: str, scenario: str, base_dir, out_dir) -> dict:
     model = random_lora(base_dir)
     trainer = GrpoTrainer(cfg, model, None, None, None, [], _sft_examples(), 0, out_dir, NullLogger(), "t",
                           world=world)
-    batch = _rl_batch(offline=case == "red_paper")
+    batch = ragged_rl_batch(offline=case == "red_paper")
     rows = list(rows0) + list(rows1) if world.size == 1 else (rows0, rows1)[world.rank]
     part = take_rows(batch, torch.tensor(rows))[0] if rows else None
     start = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}

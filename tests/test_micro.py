@@ -10,11 +10,11 @@ import sys
 import pytest
 import torch
 
-from helpers import free_port, random_lora
+from helpers import free_port, random_lora, ragged_rl_batch as _rl_batch
 from utils.core.config import ROOT
 from utils.core.loader import load_run_config
 from utils.core.schema import MemoryConfig
-from utils.train.grpo import RlBatch, red_grpo_loss
+from utils.train.grpo import red_grpo_loss
 from utils.train.head import LIVE_LOGITS
 from utils.train.micro import Tally, micro_batches
 from utils.train.policy import forward_logprobs, logits_logprobs, sft_backward
@@ -137,7 +137,7 @@ def test_a_chunk_holds_no_more_than_its_setting(mode, kind):
     """benchmarks/chunk_memory.py at a 256,000-entry vocabulary and 64 MiB chunks, in a process that
     maps every tensor (so its resident memory follows what is alive): the peak grows by less than
     the setting, forward and backward, Gemma-2's softcap and the entropy's gradient included. When the
-    setting sized one fp32 tensor of the chunk, the same run grew by 251 and 434 MiB."""
+    setting sized one fp32 tensor of the chunk, the same run grew by 256 and 447 MiB (now 34 and 57)."""
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "chunk_memory.py"), "--mode", mode, "--kind", kind,
                           "--chunk_mib", "64", "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -147,26 +147,6 @@ def test_a_chunk_holds_no_more_than_its_setting(mode, kind):
 
 
 # ------------------------------------------------------------------ micro-batched updates
-
-def _rl_batch(offline: bool = False, seed: int = 0) -> RlBatch:
-    """Nine sequences of five episodes (0 and 3 hold three and two rows: planner and executor calls),
-    ragged, with sampler log-probs, per-row advantages and, for red_paper, two expert rows."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = [38, 12, 9, 30, 14, 26, 11, 33, 20]
-    episode = [0, 0, 0, 1, 2, 3, 3, 4, 5]
-    ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for i, n in enumerate(lengths):
-        ids[i, :n] = torch.randint(3, 90, (n,), generator=g)
-        attn[i, :n] = 1
-    mask = attn[:, 1:].float()
-    mask[:, :3] = 0
-    mask[2] = 0  # a sequence with no trained token
-    sampler = (-torch.rand(mask.shape, generator=g) * 3 - 0.5) * mask
-    off = torch.tensor([False] * 7 + [True, True]) if offline else torch.zeros(9, dtype=torch.bool)
-    return RlBatch(ids, attn, mask, sampler, torch.randn(9, generator=g), ["planner", "executor", "executor"] * 3,
-                   offline=off, accuracy=torch.rand(9, generator=g), episode=torch.tensor(episode))
-
 
 def _sft(seed: int = 1):
     ids, attn, mask = _ragged(6, seed=seed)

@@ -37,11 +37,10 @@ class MemoryConfig:
                                            "first, in micro-batches of at most this many tokens, a backward after "
                                            "each, one optimizer step per batch, every normaliser the whole "
                                            "batch's (utils/train/micro.py). 0 = the whole batch in one.", minimum=0)
-    logits_chunk_mib: float = field(512.0, "The LM head runs over chunks of positions whose working set (the "
-                                           "fp32 logits, their copies and gradients: utils/train/head.py "
-                                           "LIVE_LOGITS of them) takes at most this many MiB, recomputed in the "
-                                           "backward, so no [positions, vocabulary] tensor outlives one chunk. "
-                                           "0 = one chunk.", minimum=0.0)
+    logits_chunk_mib: float = field(512.0, "The LM head runs over chunks of positions whose working set (fp32 "
+                                           "logits, copies, gradients: utils/train/head.py LIVE_LOGITS) takes at "
+                                           "most this many MiB, recomputed in the backward, so no [positions, "
+                                           "vocabulary] tensor outlives one chunk. 0 = one chunk.", minimum=0.0)
     activation_checkpointing: bool = field(False, "Recompute each decoder layer's activations in the backward "
                                                   "instead of keeping them (transformers' gradient "
                                                   "checkpointing, non-reentrant): less memory per token, one "

@@ -31,8 +31,8 @@ from utils.train.losses import token_entropy
 UNSUPPORTED_SCALES = ("logit_scale", "logits_scaling")
 # fp32 [positions, vocabulary] tensors a chunk holds at its peak, at most: the logits, the softcap's
 # tanh, the tempered copy, the log-softmax, the entropy's softmax, and in the backward their
-# gradients. benchmarks/chunk_memory.py measured 2.9 (no-grad pass), 3.9 (backward), 5.9 (with the
-# entropy's gradient), 6.8 (and Gemma-2's softcap) on the CPU; `chunk_rows` sizes a chunk by it, so
+# gradients. benchmarks/chunk_memory.py measured 3.0 (no-grad pass), 4.0 (backward), 6.0 (with the
+# entropy's gradient), 7.0 (and Gemma-2's softcap) on the CPU; `chunk_rows` sizes a chunk by it, so
 # `model.memory.logits_chunk_mib` bounds the chunk's whole working set, not one tensor of it.
 LIVE_LOGITS = 8
 
