@@ -16,7 +16,7 @@ import sys
 from utils.agent.prompts import fit_context, render_planner
 from utils.core.cli import parse_stage_args
 from utils.core.io import read_records, write_jsonl
-from utils.core.manifest import StageRun, path_sha256
+from utils.core.manifest import StageRun, path_sha256, publish_dir
 from utils.core.models import load_tokenizer
 from utils.core.config import repo_path
 from utils.core.stages import StageError, model_dir, parent, run_main, stage_config, stage_dir
@@ -65,8 +65,7 @@ def _build_index(cfg, run, out, corpus) -> None:
     tmp, final = out / "index.tmp", out / "index"
     shutil.rmtree(tmp, ignore_errors=True)
     info = build_index(cfg.agent.tool.retriever, corpus, tmp, embedding_model=cfg.agent.tool.embedding_model)
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    publish_dir(tmp, final)
     run.add_output(final)
     run.metrics["index_docs"] = info["docs"]
 

@@ -168,3 +168,35 @@ def test_a_hand_edited_manifest_is_not_trusted(tmp_path):
             run.add_parent(tmp_path / "s")
     unsealed = {k: v for k, v in m.items() if k != "seal_sha256"}
     assert mf.seal_state(unsealed) == "unsealed" and manifest_digest(unsealed) == manifest_digest(m)
+
+
+def _folder(path, text: str):
+    path.mkdir()
+    (path / "f.txt").write_text(text)
+    return path
+
+
+def test_publishing_a_folder_replaces_the_old_one_and_a_cut_keeps_one_whole(tmp_path, monkeypatch):
+    """mf.publish_dir: the new folder takes the name and nothing is left aside; when the process dies
+    after the old one is moved aside (simulated: the second rename raises SystemExit, as a signal's
+    unwinding would), the old one is put back and the new one stays whole beside it, where the
+    delete-then-rename that checkpoints, adapters and data used before would have left neither."""
+    from pathlib import Path
+
+    dest = _folder(tmp_path / "best", "old")
+    mf.publish_dir(_folder(tmp_path / "best.tmp", "new"), dest)
+    assert (dest / "f.txt").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["best"]
+
+    real = Path.rename
+
+    def killed(self, target):  # the process dies before the new folder is renamed in
+        if self.name == "best.tmp":
+            raise SystemExit("killed")
+        return real(self, target)
+
+    monkeypatch.setattr(Path, "rename", killed)
+    with pytest.raises(SystemExit):
+        mf.publish_dir(_folder(tmp_path / "best.tmp", "newer"), dest)
+    monkeypatch.undo()
+    assert (dest / "f.txt").read_text() == "new"  # put back
+    assert (tmp_path / "best.tmp" / "f.txt").read_text() == "newer"  # the new one, whole, for a rerun

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from utils.core.faults import fault_point
-from utils.core.manifest import atomic_write_json
+from utils.core.manifest import atomic_write_json, publish_dir
 
 
 def _save_pretrained(model, out_dir: Path) -> None:
@@ -52,9 +52,7 @@ def save_weights(model, out_dir: Path) -> None:
     """An adapter (peft) or full-model directory, assembled aside and renamed into place."""
     with _assembling(out_dir.with_name(out_dir.name + ".tmp")) as tmp:
         _save_pretrained(model, tmp)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    publish_dir(tmp, out_dir)
 
 
 def save_checkpoint(final: Path, model, opt, sched, state: dict, config_sha: str, rank_rngs: list | None = None) -> Path:
@@ -66,12 +64,7 @@ def save_checkpoint(final: Path, model, opt, sched, state: dict, config_sha: str
                     "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
                     **({"torch_rng_ranks": rank_rngs} if rank_rngs else {})}, tmp / "trainer.pt")
         atomic_write_json(tmp / "state.json", {**state, "config_sha256": config_sha})
-    old = final.with_name(final.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    publish_dir(tmp, final)
     return final
 
 

@@ -114,11 +114,19 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def publish_dir(tmp: Path, dest: Path) -> None:
     """Put the finished folder `tmp` in place of `dest`: an existing `dest` is renamed aside first and
-    removed only after `tmp` has taken its name, so a kill between the two leaves one or the other."""
+    removed only after `tmp` has taken its name, so a kill between the two leaves both folders (the
+    old one as `.<name>.old-<pid>`), never neither; a rename that fails puts the old one back. The
+    one place the project replaces a folder (checkpoints, adapters, data, converted models)."""
     aside = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-    if dest.exists():
+    had = dest.exists()
+    if had:
         dest.rename(aside)
-    tmp.rename(dest)
+    try:
+        tmp.rename(dest)
+    except BaseException:
+        if had and not dest.exists():
+            aside.rename(dest)
+        raise
     shutil.rmtree(aside, ignore_errors=True)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from utils.data.arith import is_task_question, make_problem
 from utils.data.draw import draw_splits
 from utils.data.lookup import generate_lookup
-from utils.core.manifest import atomic_write_json, config_sha256, path_sha256
+from utils.core.manifest import atomic_write_json, config_sha256, path_sha256, publish_dir
 from utils.core.schema import DataConfig
 
 def generate_rows(cfg: DataConfig) -> dict[str, list[dict]]:
@@ -65,7 +65,5 @@ def write_dataset(cfg: DataConfig, out_dir: Path) -> dict:
                 "counts": {s: len(r) for s, r in rows.items()},
                 "files": {name: path_sha256(tmp / name) for name in files}}
     atomic_write_json(tmp / "manifest.json", manifest)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    publish_dir(tmp, out_dir)
     return manifest

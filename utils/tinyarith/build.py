@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from utils.core.config import ROOT, ConfigError, apply_overrides, from_dict, read_yaml, to_dict
-from utils.core.manifest import (atomic_write_json, config_sha256, git_state, package_versions, path_sha256)
+from utils.core.manifest import (atomic_write_json, config_sha256, git_state, package_versions, path_sha256,
+                                 publish_dir)
 from utils.tinyarith.model import (PretrainConfig, chain_prompts, greedy_accuracy, heldout_prompts, pretrain,
                               save_tokenizer)
 
@@ -56,9 +57,7 @@ def build(recipe: Path, out_dir: Path, overrides: dict | None = None, device: st
         "wall_seconds": round(time.time() - t0, 1),
     }
     atomic_write_json(tmp / "manifest.json", manifest)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    publish_dir(tmp, out_dir)
     return manifest
 
 
