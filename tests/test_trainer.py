@@ -287,6 +287,9 @@ def test_matched_arm_uses_reds_mean_weight_from_the_same_run(prepared, capsys): 
     m = manifest(out, "05_train_red_grpo/matched_sft")
     assert m["metrics"]["red_mean_final_weight"] == pytest.approx(mean, abs=1e-6)
     assert m["metrics"]["sft_loss_coef"] == pytest.approx(0.1 * mean, abs=1e-6)
+    # the configured value stays the configured one; what the trainer used instead is beside it
+    assert m["config"]["algorithm"]["sft"]["loss_coef"] == 0.1
+    assert m["effective"] == {"algorithm.sft.loss_coef": m["metrics"]["sft_loss_coef"]}
     assert "05_train_red_grpo/red" in m["parents"]
     logged = [json.loads(x) for x in
               (out / "t" / "05_train_red_grpo" / "matched_sft" / "metrics.jsonl").read_text().splitlines()]

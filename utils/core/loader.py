@@ -155,13 +155,17 @@ def check_minibatches(cfg: RunConfig) -> None:
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's LoRAConfig.max_lora_rank values
 
 
+def uses_vllm(cfg: RunConfig) -> bool:
+    """Whether a stage run with `cfg` may start a vLLM engine: its sampler or its process-reward judge."""
+    return "vllm" in (cfg.model.engine.name, cfg.reward.process.judge_engine)
+
+
 def check_lora_rank(cfg: RunConfig) -> None:
     """A vLLM engine that serves the policy's adapter must allow its rank: refused here, before any
     stage runs, instead of at vLLM's first adapter load. Only where an engine is vLLM and serves
     LoRA adapters (not full fine-tuning)."""
     engine, rank = cfg.model.engine, cfg.model.lora.rank
-    uses_vllm = "vllm" in (engine.name, cfg.reward.process.judge_engine)
-    if not uses_vllm or cfg.model.lora.full_finetune:
+    if not uses_vllm(cfg) or cfg.model.lora.full_finetune:
         return
     if engine.max_lora_rank not in VLLM_LORA_RANKS:
         raise ConfigError(f"model.engine.max_lora_rank={engine.max_lora_rank}: vLLM serves only "

@@ -21,6 +21,7 @@ from pathlib import Path
 from utils.core.cli import parse_stage_args
 from utils.core.config import ROOT, repo_path
 from utils.core.console import filtered_here
+from utils.core.loader import uses_vllm
 from utils.core.manifest import (MANIFEST_NAME, atomic_write_json, config_sha256, manifest_digest, path_sha256, seal_state,
                                  read_manifest, rel, utc_now)
 from utils.core.methods import BASE, METHODS, SFT_WARMUP
@@ -105,11 +106,6 @@ _TRAINER = (*_MODELS, "transformers.models.auto.modeling_auto", "peft")
 _VLLM = ("vllm", "vllm.entrypoints.llm", "vllm.v1.engine.core", "vllm.v1.worker.cpu_model_runner")
 PRELOAD = {"01_prepare_dataset": _MODELS, "03_generate_sft_traces": _MODELS, "04_sft_warmup": _TRAINER,
            "05_train_red_grpo": _TRAINER, "06_ablate_grpo_only": _TRAINER, "07_evaluate": _TRAINER}
-
-
-def uses_vllm(cfg) -> bool:
-    """Whether a stage run with `cfg` may start a vLLM engine: its sampler or its process-reward judge."""
-    return "vllm" in (cfg.model.engine.name, cfg.reward.process.judge_engine)
 
 
 def preload(script: str, cfg, console: Path | None = None) -> None:

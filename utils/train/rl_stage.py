@@ -132,14 +132,17 @@ def run_rl_stage(stage: str, description: str, argv: list[str], default_algorith
     with StageRun(f"{stage}/{method}", out, stage_config(cfg, stage), cfg.seed, writer=world.main) as run:
         run.data["world_size"] = world.size
         adapter, traces, train_path, spec_path = _inputs(run, cfg)
+        logged = to_dict(cfg)  # the config as the manifest hashed it, for wandb too
         if cfg.algorithm.sft.match_red:
             run.metrics["red_mean_final_weight"] = round(_match_red(run, cfg), 6)
             run.metrics["sft_loss_coef"] = round(cfg.algorithm.sft.loss_coef, 6)
+            # what the trainer uses in place of the configured value, in the manifest and wandb alike
+            run.data["effective"] = logged["effective"] = {"algorithm.sft.loss_coef": run.metrics["sft_loss_coef"]}
             if world.main:
                 print(f"{stage}: {method} uses red's mean SFT weight {run.metrics['red_mean_final_weight']}: "
                       f"loss_coef {run.metrics['sft_loss_coef']}")
         logger = MetricsLogger.create(out / "metrics.jsonl", cfg.wandb_mode, WANDB_PROJECT, f"{cfg.run_id}-{method}",
-                                      to_dict(cfg)) if world.main else NullLogger()
+                                      logged) if world.main else NullLogger()
         trainer = build_trainer(cfg, adapter, traces, train_path, spec_path, out, logger, run.data["config_sha256"],
                                 world)
         resumed = trainer.try_resume()
