@@ -7,7 +7,7 @@ activation checkpointing) come from configs/models/<name>.yaml, and the tokenize
 (its ids, below 100, are valid in any vocabulary). The RL update runs through the trainer's own
 methods (utils/train/grpo_trainer.py `_fixed_logprobs`, the no-grad old-log-prob pass, then
 `_update`, in train mode, with LoRA dropout), and the SFT step through 04's (utils/train/sft_trainer.py
-`SftLoop._update`); benchmarks/update_memory.py runs the same harness on the CPU.
+`SftLoop._update`).
 
 The contexts are the model configs' budgets (planner turns of 256 tokens, executor calls of 384):
 planner conversations of 732 tokens and executor calls of 484. They do not reach the seed's 3,072
@@ -131,21 +131,6 @@ def rl_batch(n: int, lens: dict, budget_p: int, budget_e: int):
     return RlBatch(ids, attn, mask[:, 1:], torch.zeros_like(mask[:, 1:]), adv, [e.role for e in seqs], episode=episode)
 
 
-def episode_batch(n: int, planner: tuple, executor: tuple, calls: int):
-    """n episodes of a planner conversation and `calls` executor calls each, pieces given as (length,
-    generated spans), random advantages, no sampler log-probs (the CPU benchmarks' batch)."""
-    import torch
-    from utils.core.tensors import pad
-    from utils.train.grpo import RlBatch
-
-    seqs = _examples(n, *planner, "planner") + _examples(calls * n, *executor, "executor")
-    ids, attn = pad([e.ids for e in seqs], 0, torch.long)
-    mask, _ = pad([e.mask for e in seqs], 0, torch.float)
-    episode = torch.cat([torch.arange(n), torch.arange(n).repeat(calls)])
-    adv = torch.randn(n, generator=torch.Generator().manual_seed(n))[episode]
-    return RlBatch(ids, attn, mask[:, 1:], None, adv, [e.role for e in seqs], episode=episode)
-
-
 def _timed(torch, fn, repeats: int = 3) -> float:
     """Median seconds of the calls of `fn` after the first (a warm-up)."""
     times = []
@@ -156,13 +141,6 @@ def _timed(torch, fn, repeats: int = 3) -> float:
         _sync(torch)
         times.append(time.time() - t0)
     return round(statistics.median(times[1:]), 4)
-
-
-def memory_overrides(budget: int | None) -> list[str]:
-    """`--set`s of a micro-batch budget where the tree has model.memory (an older tree has none)."""
-    from utils.core import schema
-
-    return [f"model.memory.micro_batch_tokens={budget}"] if budget is not None and hasattr(schema, "MemoryConfig") else []
 
 
 def bare_trainer(cfg, policy, sft_examples: list, out_dir: Path):

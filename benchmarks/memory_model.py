@@ -37,13 +37,48 @@ from gpu_shapes import SHAPES  # noqa: E402
 ROWS = ((732, [(200, 256), (476, 256)]), (484, [(100, 384)]))  # (length, generated spans): the seed batch's
 
 
+class SavedBytes:
+    """The most bytes packed for the backward by one graph (reset at each backward call), parameters
+    excluded (torch.autograd.graph.saved_tensors_hooks)."""
+
+    def __init__(self, params):
+        import torch
+
+        self.torch, self.params = torch, {p.data_ptr() for p in params}
+        self.current, self.most = 0, 0
+        self.seen: set = set()
+
+    def pack(self, t):
+        key = (t.data_ptr(), t.numel(), t.dtype)
+        if t.data_ptr() not in self.params and key not in self.seen:
+            self.seen.add(key)
+            self.current += t.numel() * t.element_size()
+            self.most = max(self.most, self.current)
+        return t
+
+    def __enter__(self):
+        torch = self.torch
+        self.real = torch.autograd.backward
+
+        def backward(*a, **k):
+            self.current, self.seen = 0, set()
+            return self.real(*a, **k)
+        torch.autograd.backward = backward
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.hooks.__exit__(*exc)
+        self.torch.autograd.backward = self.real
+
+
 def point(name: str, layers: int, checkpointing: bool) -> dict:
     """Saved bytes of one RL forward of ROWS at `layers` decoder layers of shape `name`."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from gpu_shapes import _examples
-    from update_memory import SavedBytes
     from utils.core.loader import load_run_config
     from utils.core.schema import MemoryConfig
     from utils.core.tensors import pad

@@ -216,13 +216,11 @@ def test_the_report_counts_greedy_outcomes_per_checkpoint(tmp_path):
 
 
 def test_stats_calibration_benchmark_runs_08s_test_on_simulated_studies(capsys):
-    """The benchmark stays runnable (its figures are quoted in docs/ARCHITECTURE.md): a few
-    studies per setting, and its last line is the largest null rejection rate."""
-    import importlib.util
+    """The calibration oracle (tests/stats_calibration.py) stays runnable (its figures are quoted in
+    docs/ARCHITECTURE.md): a few studies per setting, and its last line is the largest null rejection
+    rate."""
+    import stats_calibration as bench
 
-    spec = importlib.util.spec_from_file_location("stats_calibration", ROOT / "benchmarks" / "stats_calibration.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     assert bench.main(["--reps", "20", "--items", "50", "--seeds", "3", "--spreads", "0,0.04"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 + 2 + 1 + 4 + 1 + 1

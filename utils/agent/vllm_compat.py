@@ -109,7 +109,7 @@ MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"  # "0": vLLM's engine cor
 
 def skip_logprob_token_text(llm_engine, request_id: str) -> bool:
     """Stop vLLM decoding each sampled token's log-prob entry to text (`Logprob.decoded_token`, which
-    nothing here reads): most of what the log-probs cost a rollout (benchmarks/sampler_logprobs.py).
+    nothing here reads): most of what the log-probs cost a rollout (docs/PERFORMANCE.md).
     vLLM has no switch for it short of `detokenize=False`, which would also drop stop strings, so this
     clears the tokenizer of the request's log-prob processor, an internal of the vLLM version pinned in
     requirements (tests/test_engines.py checks that it still takes). Returns whether it took."""

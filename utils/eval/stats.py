@@ -4,7 +4,7 @@
 - `paired_test`: a − b on items paired by (training seed, item id). With two or more training seeds
   the verdict's test is a paired t-test over the per-seed mean differences (seeds − 1 degrees of
   freedom): the seeds are the independent units, and at 3 seeds resampling them (a hierarchical
-  bootstrap) underestimates their spread and rejects too often (benchmarks/stats_calibration.py
+  bootstrap) underestimates their spread and rejects too often (tests/stats_calibration.py
   measures both). With one seed it is the paired item bootstrap, which covers test-item sampling
   only. Either way the item bootstrap within each seed is reported beside it, and so is the
   minimum detectable effect at the study's seed and item counts.
@@ -101,7 +101,7 @@ def seed_t_test(per_seed: list[float], item_se: float = 0.0, alpha: float = 0.05
     are all equal have no sample spread at all; sd is then `item_se`, the per-seed differences' own
     test-item standard error (root-mean-squared over seeds), the least they vary by. (Using that
     floor always would hold the level too, but at 3 seeds it cut the power at +0.05 from 0.53 to
-    0.21: benchmarks/stats_calibration.py.)"""
+    0.21: tests/stats_calibration.py.)"""
     s = len(per_seed)
     mean = sum(per_seed) / s
     sd = (sum((d - mean) ** 2 for d in per_seed) / (s - 1)) ** 0.5

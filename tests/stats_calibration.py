@@ -3,7 +3,7 @@ count how often 08's paired test calls one better or worse; then the power at a 
 equivalence test: studies whose true difference is exactly +δ or −δ (the margin, `--margin`), and how
 often 08 declares them equivalent within ±δ; and its power to do so at a true difference of 0.
 
-    .venv/bin/python benchmarks/stats_calibration.py [--reps 2000] [--items 200] [--seeds 3,5]
+    .venv/bin/python tests/stats_calibration.py [--reps 2000] [--items 200] [--seeds 3,5]
         [--spreads 0,0.02,0.04] [--effect 0.05] [--margin 0.03] [--agree 0.8] [--seed 0]
 
 Each simulated study has S training seeds and N test items per seed. Item i of seed s has a base
