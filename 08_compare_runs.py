@@ -33,7 +33,8 @@ from utils.eval.compare import (DEFAULT_RESAMPLES, compare_settings, find_run_di
 from utils.eval.frames import summary_csv
 from utils.eval.paired import across_runs, comparisons
 from utils.eval.curves import crossings
-from utils.eval.report import plot_all, render_report
+from utils.eval.plots import plot_all
+from utils.eval.report import render_report
 
 STAGE = "08_compare_runs"
 

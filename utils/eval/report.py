@@ -1,4 +1,4 @@
-"""The comparison report of `08_compare_runs.py`: summary.csv, the plots and report.md.
+"""The comparison report of `08_compare_runs.py`: report.md (its plots: utils/eval/plots.py).
 
 Everything here reads the `Evaluation`s and `Training`s that utils/eval/compare.py collects and
 writes nothing but the files it is asked to; the numbers in summary.csv and report.md are the
@@ -6,112 +6,17 @@ ones in each evaluation's metrics.json (tests/test_compare.py checks that).
 """
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import pandas as pd
 
-from utils.core.manifest import MANIFEST_NAME, atomic_write_bytes, read_manifest, rel
+from utils.core.manifest import MANIFEST_NAME, read_manifest, rel
 from utils.core.methods import CONTROL, SFT_WARMUP
-from utils.eval.compare import PHASES, Evaluation, Training, config_diff, fmt, curve_label, method_key
+from utils.eval.compare import Evaluation, Training, config_diff, fmt
 from utils.eval import frames
 from utils.eval.frames import across_seeds, ci, evaluations, markdown, sampled, select
-from utils.eval.mechanism import mechanism_section, plot_mechanism
-from utils.eval.curves import Crossing, curve_section, plot_pass_at_k
-
-
-# ---------------------------------------------------------------------------------------- plots
-def _save(fig, out: Path, name: str, made: list[str]) -> None:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(out / name, buf.getvalue())
-    made.append(name)
-
-
-def plot_all(evals: list[Evaluation], trainings: list[Training], out: Path) -> list[str]:
-    """Draw every plot into `out`; returns the file names written."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    many_runs = len({e.run for e in evals}) > 1
-    made: list[str] = []
-    for plot in (_plot_reward, _plot_accuracy, _plot_red, plot_mechanism, _plot_phases, plot_pass_at_k):
-        name, fig = plot(plt, evals, trainings, many_runs)
-        _save(fig, out, name, made)
-    return made
-
-
-def _plot_reward(plt, evals, trainings, many_runs):
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for t in trainings:
-        pts = [(h["step"], h["critic/rewards/mean"]) for h in t.history if "critic/rewards/mean" in h]
-        if pts:
-            ax.plot(*zip(*pts), marker=".", label=curve_label(t, many_runs))
-    ax.set(xlabel="RL step", ylabel="mean episode reward (critic/rewards/mean)", title="Training reward")
-    if ax.lines:
-        ax.legend(fontsize=8)
-    else:
-        ax.text(0.5, 0.5, "no RL training curves in these runs", ha="center", transform=ax.transAxes)
-    return "reward_vs_step.png", fig
-
-
-def _plot_accuracy(plt, evals, trainings, many_runs):
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ordered = sorted(evals, key=lambda e: (e.run, method_key(e.method), e.seed or 0))
-    labels, accs, errs = [], [], [[], []]
-    for e in ordered:
-        lo, hi = e.metrics["accuracy_ci95"]
-        acc = e.metrics["accuracy"]
-        labels.append(curve_label(Training(e.run, e.seed, e.method, e.directory, []), many_runs))
-        accs.append(acc)
-        errs[0].append(max(acc - lo, 0.0))
-        errs[1].append(max(hi - acc, 0.0))
-    ax.bar(range(len(accs)), accs, yerr=errs, capsize=4, color="tab:blue")
-    ax.set_xticks(range(len(accs)), labels, rotation=30, ha="right", fontsize=8)
-    ax.set(ylabel="test accuracy (bootstrap 95% CI)", title="Greedy test accuracy", ylim=(0, 1))
-    return "test_accuracy.png", fig
-
-
-def _plot_red(plt, evals, trainings, many_runs):
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for t in trainings:
-        lab = curve_label(t, many_runs)
-        for key, style in (("red/final_weight", "-"), ("red/entropy_weight", "--"), ("red/accuracy_factor", ":")):
-            pts = [(h["step"], h[key]) for h in t.history if key in h]
-            if pts:
-                ax1.plot(*zip(*pts), style, label=f"{lab} {key.split('/')[1]}")
-        for key, style in (("actor/rl_entropy", "-"), ("actor/sft_entropy", "--")):
-            pts = [(h["step"], h[key]) for h in t.history if key in h]
-            if pts:
-                ax2.plot(*zip(*pts), style, label=f"{lab} {key.split('/')[1]}")
-    ax1.set(xlabel="step", ylabel="weight", title="RED weights")
-    ax2.set(xlabel="step", ylabel="nats/token", title="Token entropy: RL vs SFT tokens")
-    for ax in (ax1, ax2):
-        if ax.lines:
-            ax.legend(fontsize=7)
-    return "red_dynamics.png", fig
-
-
-def _plot_phases(plt, evals, trainings, many_runs):
-    fig, ax = plt.subplots(figsize=(7, 4))
-    names, bottoms = [curve_label(t, many_runs) for t in trainings], [0.0] * len(trainings)
-    per_step = frames.trainings(trainings)
-    for phase in PHASES:
-        vals = list(per_step[f"{phase.split('/')[1]} s/step"]) if trainings else []
-        ax.bar(range(len(trainings)), vals, bottom=bottoms, label=phase.split("/")[1])
-        bottoms = [b + v for b, v in zip(bottoms, vals)]
-    ax.set_xticks(range(len(trainings)), names, rotation=30, ha="right", fontsize=8)
-    ax.set(ylabel="seconds per step (mean)", title="Time per phase")
-    if trainings:
-        ax.legend(fontsize=8)
-    return "time_per_phase.png", fig
-
-
-# --------------------------------------------------------------------------------------- report
+from utils.eval.mechanism import mechanism_section
+from utils.eval.curves import Crossing, curve_section
 
 
 def render_report(evals: list[Evaluation], trainings: list[Training], tests: list[dict], plots: list[str],
@@ -170,8 +75,8 @@ def _accuracy_section(df: pd.DataFrame) -> list[str]:
     lines = ["## Test accuracy", "",
              "Accuracy is the mean item score under the reward spec's scorer; the CI is a bootstrap over "
              "test items (from metrics.json).", "",
-             markdown(per_seed, {"95% CI": ci, "turns": _2, "subtasks": _2, "tokens planner": _1,
-                                 "tokens executor": _1}), ""]
+             markdown(per_seed, {"95% CI": ci, "turns": two_decimals, "subtasks": two_decimals, "tokens planner": one_decimal,
+                                 "tokens executor": one_decimal}), ""]
     lines += _length_section(df)
     lines += _failure_section(df)
     lines += _search_section(df)
@@ -182,11 +87,11 @@ def _accuracy_section(df: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _1(x) -> str:
+def one_decimal(x) -> str:
     return fmt(x, 1)
 
 
-def _2(x) -> str:
+def two_decimals(x) -> str:
     return fmt(x, 2)
 
 
@@ -236,10 +141,10 @@ def _search_section(df: pd.DataFrame) -> list[str]:
             "Searches per subtask; retrieval hit: every gold fact of the item was among some search's top-k "
             "passages; accuracy on the items where retrieval hit and where it missed (— where there were none).",
             "", markdown(select(have, _SEARCH_COLUMNS),
-                         {"searches / subtask": _2}), ""]
+                         {"searches / subtask": two_decimals}), ""]
 
 
-def _p(p: float | None) -> str:
+def p_value(p: float | None) -> str:
     """A p-value to 4 decimals; one below that reads "< 0.0001", never "0.0000"."""
     return "< 0.0001" if p is not None and p < 1e-4 else fmt(p)
 
@@ -285,7 +190,7 @@ def _paired_section(tests: list[dict], resamples: int) -> list[str]:
 
 
 def _paired_table(rows: pd.DataFrame) -> str:
-    """One family's tests as the report shows them: CIs as ranges, p-values by `_p`."""
+    """One family's tests as the report shows them: CIs as ranges, p-values by `p_value`."""
     pair = lambda low, high: [ci(p) for p in zip(rows[low], rows[high])]  # noqa: E731
     shown = pd.DataFrame({"run": rows["run"], "difference": rows["a"] + " − " + rows["b"], "seeds": rows["seeds"],
                           "items": rows["n"], "mean diff": rows["diff"], "95% CI": pair("ci95_low", "ci95_high"),
@@ -296,7 +201,7 @@ def _paired_table(rows: pd.DataFrame) -> str:
         shown.insert(len(shown.columns) - 1, "90% CI", pair("ci90_low", "ci90_high"))
         shown.insert(len(shown.columns) - 1, "equivalence p (Holm)",
                      select(rows, {"tost_holm": "e"})["e"].tolist())
-    return markdown(shown, {"p": _p, "p (Holm)": _p, "equivalence p (Holm)": _p})
+    return markdown(shown, {"p": p_value, "p (Holm)": p_value, "equivalence p (Holm)": p_value})
 
 
 def _training_section(trainings: list[Training]) -> list[str]:
@@ -360,7 +265,7 @@ def _equivalence_words(t: dict) -> str:
     if t.get("tost_p") is None:
         return ""
     return (f"; against ±{t['margin']:g}: 90% CI {fmt(t['ci90_low'])} to {fmt(t['ci90_high'])}, Holm-adjusted "
-            f"equivalence p {_p(t.get('tost_holm'))}")
+            f"equivalence p {p_value(t.get('tost_holm'))}")
 
 
 def _caveats(evals: list[Evaluation], trainings: list[Training], tests: list[dict]) -> list[str]:
@@ -369,7 +274,7 @@ def _caveats(evals: list[Evaluation], trainings: list[Training], tests: list[dic
         if t["n"]:
             out.append(f"- {t['run']}: {t['a']} vs {t['b']}: **{t['verdict']}** ({t['a']} − {t['b']} = {fmt(t['diff'])} on "
                        f"{t['n']} shared items over {t['seeds']} seed(s), {t['test']}, 95% CI {fmt(t['ci95_low'])} to "
-                       f"{fmt(t['ci95_high'])}, MDE {fmt(t['mde'])}, Holm-adjusted p {_p(t.get('p_holm'))}"
+                       f"{fmt(t['ci95_high'])}, MDE {fmt(t['mde'])}, Holm-adjusted p {p_value(t.get('p_holm'))}"
                        f"{_FAMILY_WORDS[t['family']]}{_equivalence_words(t)}).")
     for t in tests:
         if t["family"] == "control" and t["verdict"] != "better":
