@@ -4,7 +4,7 @@ methods are 06's, and this script refuses them).
 
 Each step rolls out questions x n samples on the engine serving the current LoRA adapter,
 scores them with the reward spec, and takes one optimizer step on
-L_GRPO − β·H + w_entropy·w_acc·α·L_SFT (utils/train/grpo.py); the new adapter then goes to the engine.
+L_GRPO − β·H + w_entropy·w_acc·α·L_SFT (utils/train/update.py); the new adapter then goes to the engine.
 Writes outputs/<run_id>/<stage>/<method>/: metrics.jsonl (and wandb files, offline unless
 WANDB_API_KEY is set), episodes/step_N.jsonl every rl.dump_freq steps, ckpt/step_N (resumable,
 last rl.keep_last kept), final_adapter/ and the manifest. An interrupted run resumes.

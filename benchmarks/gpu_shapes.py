@@ -118,7 +118,7 @@ def rl_batch(n: int, lens: dict, budget_p: int, budget_e: int):
     executor call, with random advantages; sampler log-probs 0 (the mismatch is not measured here)."""
     import torch
     from utils.core.tensors import pad
-    from utils.train.grpo import RlBatch
+    from utils.train.batch import RlBatch
 
     b = SEED_BATCH
     turns = [(b["planner_prompt"], budget_p), (b["planner_prompt"] + budget_p + b["result"], budget_p)]

@@ -4,7 +4,7 @@
 
 For each shape of benchmarks/gpu_shapes.py (Qwen2.5-0.5B, Gemma-2-2B: the real widths, heads and
 vocabulary, random weights, bfloat16, LoRA from configs/models/<name>.yaml) it builds the model with
-1 and 2 decoder layers and runs the RL loss's forward (utils/train/grpo.py red_grpo_loss's pieces,
+1 and 2 decoder layers and runs the RL loss's forward (utils/train/update.py red_grpo_loss's pieces,
 one planner conversation of 732 tokens and one executor call of 484: the seed batch's rows, so
 attention's share per token is the seed's) with and without activation checkpointing, counting the
 bytes saved for the backward (saved_tensors_hooks, parameters excluded). The difference between 2
@@ -82,7 +82,8 @@ def point(name: str, layers: int, checkpointing: bool) -> dict:
     from utils.core.loader import load_run_config
     from utils.core.schema import MemoryConfig
     from utils.core.tensors import pad
-    from utils.train.grpo import RlBatch, red_grpo_loss
+    from utils.train.batch import RlBatch
+    from utils.train.update import red_grpo_loss
     from utils.train.policy import load_policy
     from utils.train.red import RedState
 

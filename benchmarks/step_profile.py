@@ -43,7 +43,7 @@ from utils.core.io import read_records  # noqa: E402
 from utils.core.stages import model_dir  # noqa: E402
 from utils.core.tracking import MetricsLogger  # noqa: E402
 from utils.eval.evaluation import greedy_eval  # noqa: E402
-from utils.train.grpo import build_rl_batch  # noqa: E402
+from utils.train.batch import build_rl_batch  # noqa: E402
 from utils.train.policy import length_chunks, sft_batch  # noqa: E402
 from utils.train.rl_stage import build_trainer  # noqa: E402
 

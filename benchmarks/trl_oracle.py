@@ -168,7 +168,7 @@ class Layouts:
 
 def layouts(advantages: torch.Tensor, pad_id: int, dead_row: bool = False, seed: int = 0) -> Layouts:
     from utils.core.tensors import pad
-    from utils.train.grpo import RlBatch
+    from utils.train.batch import RlBatch
 
     g = torch.Generator().manual_seed(seed)
     prompts = [PROMPTS[b // 2] for b in range(len(COMPLETION_LENGTHS))]
@@ -220,7 +220,7 @@ def compare(case: Case, out_dir: Path) -> Outcome:
     from utils.core.loader import load_run_config
     from utils.core.models import load_tokenizer
     from utils.core.schema import MemoryConfig
-    from utils.train.grpo import red_grpo_loss
+    from utils.train.update import red_grpo_loss
     from utils.train.policy import batch_logprobs
     from utils.train.red import RedState
 

@@ -210,7 +210,7 @@ def seeded(wins: dict[int, int], items: int = 200) -> tuple[dict, dict]:
 def ragged_rl_batch(offline: bool = False, seed: int = 0):
     """Nine sequences of five episodes (0 and 3 hold three and two rows: planner and executor calls),
     ragged, with sampler log-probs, per-row advantages and, for red_paper, two expert rows."""
-    from utils.train.grpo import RlBatch
+    from utils.train.batch import RlBatch
 
     g = torch.Generator().manual_seed(seed)
     lengths = [38, 12, 9, 30, 14, 26, 11, 33, 20]

@@ -15,7 +15,7 @@ from helpers import free_port
 from utils.agent.episode import Example
 from utils.core.config import ROOT, ConfigError
 from utils.core.schema import LoraConfig
-from utils.train.grpo import RlBatch, build_rl_batch
+from utils.train.batch import RlBatch, build_rl_batch
 from utils.train.policy import load_policy, policy_device, sft_batch
 from utils.train.world import join_world, pin_gpu
 

@@ -1,5 +1,5 @@
 """Data-parallel ranks that hold part of a step, or none of it (utils/train/grpo_trainer.py `_update`,
-utils/train/grpo.py `red_grpo_loss`, utils/train/micro.py `Tally`): three optimizer steps of the
+utils/train/update.py `red_grpo_loss` and `Tally`): three optimizer steps of the
 trainer on two gloo ranks give, on both ranks, the one-process run's logged metrics, RED state,
 red_paper state and weights, for red and red_paper, when
 
@@ -48,7 +48,7 @@ def run_steps(world, case: str, scenario: str, base_dir, out_dir) -> dict:
     red_paper's state fold after each: the metrics, states and how far each LoRA weight moved."""
     from utils.core.loader import load_run_config
     from utils.core.tracking import NullLogger
-    from utils.train.grpo import take_rows
+    from utils.train.batch import take_rows
     from utils.train.grpo_trainer import GrpoTrainer
     from utils.train.variants import ExpertTraces
 

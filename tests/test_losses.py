@@ -355,7 +355,7 @@ def test_red_entropy_weight_is_one_for_the_trainers_first_two_steps():
 def test_red_accuracy_counts_only_fully_correct_answers():
     """Issue 45 case: on F1-scored data partial credit is not accuracy. Four episodes scoring 1, 0.5,
     0.5 and 0: acc is 1/4 (not the mean F1 0.5), so w_acc = 5^(1 − 0.5) = 2.236, not 5^0 = 1."""
-    from utils.train.grpo import batch_accuracy
+    from utils.train.sampler import batch_accuracy
 
     scored = [{"answer": a} for a in (1.0, 0.5, 0.5, 0.0)]
     assert batch_accuracy(scored) == 0.25

@@ -1,4 +1,4 @@
-"""The update's memory (utils/train/micro.py, utils/train/head.py): micro-batches give the one-pass
+"""The update's memory (utils/train/update.py, utils/train/head.py): micro-batches give the one-pass
 gradients and metrics for every aggregation and loss term, on one rank and on two gloo ranks with
 unequal token counts; the chunked LM head gives the model's own log-probs and entropies (temperature,
 Gemma-2's softcap); activation checkpointing changes no gradient."""
@@ -14,9 +14,10 @@ from helpers import free_port, random_lora, ragged_rl_batch as _rl_batch
 from utils.core.config import ROOT
 from utils.core.loader import load_run_config
 from utils.core.schema import MemoryConfig
-from utils.train.grpo import red_grpo_loss
+from utils.train.update import red_grpo_loss
 from utils.train.head import LIVE_LOGITS
-from utils.train.micro import Tally, micro_batches
+from utils.train.batch import micro_batches
+from utils.train.update import Tally
 from utils.train.policy import forward_logprobs, logits_logprobs, sft_backward
 from utils.train.red import RedState
 
@@ -276,7 +277,7 @@ import torch.distributed as dist
 sys.path[:0] = [sys.argv[4], sys.argv[4] + "/tests"]
 from test_micro import _alg, _paper_state, _rl_batch, _sft, _update
 from helpers import random_lora
-from utils.train.grpo import take_rows
+from utils.train.batch import take_rows
 from utils.train.world import World
 
 rank, case, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]

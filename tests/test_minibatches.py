@@ -7,7 +7,7 @@ import torch
 from helpers import REGIME_D, make_trainer
 from utils.core.config import ConfigError
 from utils.core.loader import load_run_config
-from utils.train.grpo import RlBatch, minibatch_rows, sft_parts, take_rows
+from utils.train.batch import RlBatch, minibatch_rows, sft_parts, take_rows
 from utils.train.policy import forward_logprobs, load_policy
 
 

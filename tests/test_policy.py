@@ -63,7 +63,8 @@ def test_one_pass_update_needs_no_separate_old_logprobs(base_dir):
     """With one optimizer pass per batch the old log-probs are the update's own, detached: the loss,
     its gradient and the logged sampler mismatch equal those of a separate old-log-prob forward."""
     from utils.core.loader import load_run_config
-    from utils.train.grpo import RlBatch, red_grpo_loss
+    from utils.train.batch import RlBatch
+    from utils.train.update import red_grpo_loss
     from utils.train.red import RedState
 
     torch.manual_seed(0)

@@ -16,7 +16,7 @@ from utils.core.schema import ProcessRewardConfig
 from utils.core.loader import load_run_config
 from utils.reward.process import JudgePRM, expected_steps, parse_verdict, verifier_rewards
 from utils.reward.spec import RewardSpec
-from utils.train.grpo import build_rl_batch
+from utils.train.batch import build_rl_batch
 from utils.train.losses import policy_loss, process_advantages
 
 ROW = {"id": "q", "question": "12+7*3", "answers": ["57"],

@@ -138,7 +138,7 @@ def test_token_in_token_out_across_bpe_merges(real_run, tokenizer):
     merges into `><` in this tokenizer)."""
     from utils.agent.engines import VLLMEngine
     from utils.agent.protocol import PLANNER
-    from utils.train.grpo import build_rl_batch
+    from utils.train.batch import build_rl_batch
 
     run, cfg = real_run
     engine = Recording(VLLMEngine(Path(cfg.model.path), cfg.model.engine, seed=0))

@@ -12,7 +12,7 @@ from utils.agent.rollout import Codec
 from utils.agent.traces import OfflineSample, episode_from_trace, examples_from_trace, make_trace
 from utils.core.config import ConfigError
 from utils.core.loader import load_run_config
-from utils.train.grpo import build_rl_batch
+from utils.train.batch import build_rl_batch
 from utils.train.losses import AGGREGATIONS, Agg, offline_ratio, red_paper_entropy_weight, red_paper_loss
 
 OFF = torch.tensor([False, True])

@@ -39,7 +39,7 @@ def test_trainer_and_sampler_agree_at_the_sampling_temperature(vllm_engine, prot
     trainer recomputes them at the same T: fp32 noise. A trainer that ignored T would be far off."""
     import torch
 
-    from utils.train.grpo import build_rl_batch
+    from utils.train.batch import build_rl_batch
     from utils.train.policy import forward_logprobs
 
     trainer = make_trainer(_cfg("algorithm.rl.temperature=0.7", "algorithm.rl.steps=2"), vllm_engine, protocol_adapter,
@@ -300,7 +300,7 @@ def test_rl_batch_trains_the_roles_asked_for(base_dir):
     """`algorithm.rl.train_roles`: both roles' sequences carry their episode's advantage; planner or
     executor keeps only that role's sequences, with the same advantages and ids."""
     from utils.agent.traces import episode_from_trace, make_trace
-    from utils.train.grpo import build_rl_batch
+    from utils.train.batch import build_rl_batch
 
     codec = Codec(AutoTokenizer.from_pretrained(base_dir), load_run_config().model.templates)
     episodes = [episode_from_trace(make_trace("a", "3+4-2", [("3+4", "7"), ("7-2", "5")], "5"), codec),

@@ -5,7 +5,7 @@ the role, the exact context ids, the generated ids and the sampler's log-probs. 
 one question's segments, in the order they were generated, plus how it ended.
 
 `episode_sequences` is the only place that builds training sequences (`Example`s) from an
-episode, for the RL batch (utils/train/grpo.py) and for SFT traces (utils/agent/traces.py):
+episode, for the RL batch (utils/train/batch.py) and for SFT traces (utils/agent/traces.py):
 - the planner's whole conversation is one sequence: its last context plus its last turn, with a
   loss mask that is 1 only on the planner's own generated tokens (the prompt and the injected
   <result> tokens are never trained);

@@ -65,7 +65,7 @@ SCORER_NAMES = registry_names("utils/reward/scorers.py", "SCORERS")
 ADAPTER_NAMES = registry_names("utils/data/adapters.py", "ADAPTERS")
 RETRIEVER_NAMES = ("none", *registry_names("utils/agent/retrieval.py", "RETRIEVERS"))  # or no tool
 TRACE_SOURCE_NAMES = registry_names("utils/data/trace_sources.py", "TRACE_SOURCES")
-TRAIN_ROLES = ("both", "planner", "executor")  # utils/train/grpo.py build_rl_batch
+TRAIN_ROLES = ("both", "planner", "executor")  # utils/train/batch.py build_rl_batch
 REFILLS = ("rounds", "pipelined")  # utils/train/sampler.py DynamicSampler
 INDEPENDENCE_REFS = (r"\b(it|its|this|that|these|those|above|previous|prior|earlier|last|same|former|latter)\b"
                      r"|\bthe (result|answer|output|value)s?\b|\bstep\s*\d+|#\d+|<result>")

@@ -36,7 +36,7 @@ class MemoryConfig:
     micro_batch_tokens: int = field(16384, "Token budget per forward and backward: a batch's sequences, longest "
                                            "first, in micro-batches of at most this many tokens, a backward after "
                                            "each, one optimizer step per batch, every normaliser the whole "
-                                           "batch's (utils/train/micro.py). 0 = the whole batch in one.", minimum=0)
+                                           "batch's (utils/train/update.py). 0 = the whole batch in one.", minimum=0)
     logits_chunk_mib: float = field(512.0, "The LM head runs over chunks of positions whose working set (fp32 "
                                            "logits, copies, gradients: utils/train/head.py LIVE_LOGITS) takes at "
                                            "most this many MiB, recomputed in the backward, so no [positions, "

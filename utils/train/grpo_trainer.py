@@ -1,4 +1,6 @@
-"""The RED-GRPO training loop: steps, logging, checkpoints, resume and guards.
+"""The RED-GRPO training loop: each step rolls out (utils/train/sampler.py), scores and takes group
+advantages, builds the batch (utils/train/batch.py), updates (utils/train/update.py), folds the RED
+state, hands the new adapter to the engine; around the steps, logging, checkpoints, resume and guards.
 
 Checkpoints (`ckpt/step_N/`, every `save_freq` steps, last `keep_last` kept) are assembled under a
 temporary name and renamed, and hold everything a resume restores: the adapter, the optimizer,
@@ -12,11 +14,11 @@ checkpoint; `rl.max_skips_in_a_row` skips in a row stop the run with an error na
 Under data parallelism (utils/train/world.py) each rank rolls out its contiguous block of the step's
 questions on its own engine, so a question's samples (its GRPO group) never straddle ranks and each
 episode is seeded as in one process. Every normaliser of the loss is counted over all ranks' sequences
-before the update (utils/train/grpo.py `batch_norms`), each rank's loss is its share of the whole
+before the update (utils/train/update.py `batch_norms`), each rank's loss is its share of the whole
 batch's and the gradients are summed over ranks, so the step is the one-process step whatever each
 rank holds; batch accuracy (RED's w_acc), the logged metrics and the entropies RED's state follows
 are the whole step's, so every rank keeps the same state. The update runs in micro-batches of
-`model.memory.micro_batch_tokens` (utils/train/micro.py).
+`model.memory.micro_batch_tokens` (utils/train/update.py).
 Rank 0 alone writes logs, episodes and checkpoints (with every rank's RNG state).
 """
 from __future__ import annotations
@@ -34,15 +36,15 @@ from utils.agent.rollout import Rollout
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
 from utils.core.errors import StageError
 from utils.core.stream import Cursor, rl_question_key, take
+from utils.train.batch import build_rl_batch, minibatch_rows, sft_parts, take_rows
 from utils.train.guard import SkipStreak, finish_step
-from utils.train.micro import Tally
-from utils.train.sampler import DynamicSampler, SampledBatch
-from utils.train.grpo import (batch_accuracy, build_rl_batch, group_advantages, minibatch_rows,
-                              red_grpo_loss, sft_parts, take_rows, zero_variance_fraction)
 from utils.train.policy import (batch_logprobs, dropout_active, policy_device, reference_logprobs, sft_backward,
                                 sft_batch)
 from utils.train.questions import rl_strata
 from utils.train.red import RedState, red_update
+from utils.train.sampler import (DynamicSampler, SampledBatch, batch_accuracy, group_advantages,
+                                 zero_variance_fraction)
+from utils.train.update import Tally, red_grpo_loss
 from utils.train.variants import StepData, active_variants
 from utils.train.world import SOLO, World
 
@@ -178,7 +180,7 @@ class GrpoTrainer:
         is on, the frozen reference; in eval mode, so dropout does not perturb them.
 
         Before the first optimizer pass the policy being updated is the one that sampled, so the old
-        log-probs are the first pass's own, detached (grpo.red_grpo_loss; `_update` keeps them for
+        log-probs are the first pass's own, detached (update.red_grpo_loss; `_update` keeps them for
         the later passes): None here, and no separate forward. They are computed here when that does
         not hold: with minibatches (`ppo_minibatches` > 1) every part after the first is trained on a
         policy that has already moved, and a model with dropout on, whose train-mode forward is not

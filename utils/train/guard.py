@@ -9,7 +9,7 @@ from utils.train.world import SOLO, World
 
 
 def finish_step(opt, model, loss: torch.Tensor, max_grad_norm: float, world: World = SOLO) -> tuple[int, float]:
-    """After a batch's micro-batch backwards have filled the gradients (utils/train/micro.py): (0, grad
+    """After a batch's micro-batch backwards have filled the gradients (utils/train/update.py): (0, grad
     norm) once they are summed over ranks, clipped and stepped. `loss` is this rank's share of the
     batch's loss, detached: a non-finite sum over ranks (so every rank skips together), or a
     non-finite gradient, discards the gradients and leaves the weights and the optimizer untouched:

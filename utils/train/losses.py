@@ -103,7 +103,7 @@ class Agg:
     the episode each row belongs to (None: every row is its own), so that an episode counts once
     however many executor calls it made; `horizon`: seq-mean-token-sum-norm's constant divisor.
 
-    A micro-batch's share of a whole batch's aggregation (utils/train/micro.py) carries the batch's
+    A micro-batch's share of a whole batch's aggregation (utils/train/update.py) carries the batch's
     normalisers instead: `total`, token-mean's token count over the whole batch, or `row_weight` [B],
     each row's weight in a seq-mean mode (1 / (its episode's tokens · live episodes), or 1 / (horizon ·
     live episodes)); the shares of all micro-batches sum to the whole batch's value."""

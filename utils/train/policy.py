@@ -110,7 +110,7 @@ def batch_logprobs(model, ids, attn, need=None, temperature: float = 1.0, memory
     elsewhere), a micro-batch of `memory.micro_batch_tokens` at a time (None: the schema's)."""
     import torch
 
-    from utils.train.micro import cut_rows, micro_batches
+    from utils.train.batch import cut_rows, micro_batches
 
     memory = memory or MemoryConfig()
     need = attn[:, 1:] > 0 if need is None else need
@@ -218,7 +218,7 @@ def sft_batch(examples: list[Example], pad_id: int, device="cpu"):
 def sft_terms(model, batch, with_entropy: bool = False, total=None, chunk_mib: float = 512.0):
     """(token-mean cross-entropy of an `sft_batch`'s masked tokens under `model`, and their token-mean
     entropy if asked, else None): scalars. With `total`, the whole batch's target-token count, both
-    are this piece's shares of the whole batch's means (a micro-batch's, utils/train/micro.py)."""
+    are this piece's shares of the whole batch's means (a micro-batch's, utils/train/update.py)."""
     ids, attn, mask = batch
     logp, ent = forward_logprobs(model, ids, attn, with_entropy=with_entropy, need=mask > 0, chunk_mib=chunk_mib)
     if total is None:
@@ -229,11 +229,11 @@ def sft_terms(model, batch, with_entropy: bool = False, total=None, chunk_mib: f
 
 def sft_backward(model, batch, total, memory, scale: float = 1.0, with_entropy: bool = False) -> tuple:
     """Backward of scale · the token-mean NLL of an `sft_batch` whose whole batch (every rank's shard)
-    has `total` target tokens, in micro-batches of `memory.micro_batch_tokens` (utils/train/micro.py):
+    has `total` target tokens, in micro-batches of `memory.micro_batch_tokens` (utils/train/batch.py):
     (this shard's share of the loss, detached; of the entropy, or None). The gradients accumulate."""
     import torch
 
-    from utils.train.micro import cut_rows, micro_batches
+    from utils.train.batch import cut_rows, micro_batches
 
     ids, attn, mask = batch
     loss_sum, ent_sum = torch.zeros((), device=ids.device), torch.zeros((), device=ids.device)

@@ -29,9 +29,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
 from utils.core.errors import StageError
+from utils.reward.scorers import is_correct
 from utils.reward.spec import score_episodes
-from utils.train.grpo import batch_accuracy
+from utils.train.losses import advantages
 
 
 @dataclass
@@ -149,3 +152,18 @@ class DynamicSampler:
                             [s for g in kept for s in g.scored], batch_accuracy(seen),
                             {"train/dropped_groups": dropped, "train/sampling_rounds": rounds + 1,
                              "train/kept_groups": len(kept), "time/rollout_refill": refill})
+
+
+
+def group_advantages(rewards: list[float], n: int, scaling: str) -> torch.Tensor:
+    return advantages(scaling, torch.tensor(rewards, dtype=torch.float), n)
+
+
+def batch_accuracy(scored: list[dict]) -> float:
+    """RED's `acc`: the share of scored episodes whose answer is fully correct (an F1 of 0.5 counts 0)."""
+    return sum(is_correct(s["answer"]) for s in scored) / max(len(scored), 1)
+
+
+def zero_variance_fraction(rewards: list[float], n: int) -> float:
+    groups = [rewards[i:i + n] for i in range(0, len(rewards), n)]
+    return sum(max(g) - min(g) < 1e-9 for g in groups) / max(len(groups), 1)

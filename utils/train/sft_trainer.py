@@ -119,7 +119,7 @@ class SftLoop:
         """One optimizer step on the next batch: (loss, grad norm, 1 if skipped as non-finite). The loss
         is the token-mean NLL over the whole batch's target tokens; with several ranks each trains its
         shard (its summed NLL over that count) and the gradients are summed, in micro-batches of
-        `model.memory.micro_batch_tokens` either way (utils/train/micro.py)."""
+        `model.memory.micro_batch_tokens` either way (utils/train/update.py)."""
         torch = self.torch
         batch = self._next_batch()
         device = policy_device(self.model)

@@ -61,7 +61,7 @@ class ExpertTraces(StepVariant):
     """red_paper: a question with an expert trace (03's, `samples`: question id -> OfflineSample) has
     it in place of its group's last rollout, scored like a rollout (format 1: gold traces are
     well-formed by construction, tests/test_red_paper.py) and trained through the policy loss
-    (utils/train/grpo.py `_offline_policy_loss`), which needs the previous step's entropies."""
+    (utils/train/losses.py `red_paper_loss`, applied in utils/train/update.py `_rl_piece`), which needs the previous step's entropies."""
 
     def __init__(self, samples: dict, spec, n: int):
         self.samples, self.spec, self.n = samples, spec, n

@@ -1,16 +1,23 @@
-"""One RED-GRPO training step, as functions over explicit inputs (docs/ARCHITECTURE.md, "Training").
+"""The update: one optimizer step's loss, L = L_GRPO − β·H_rl + w·α·L_SFT (+ kl_coef·KL), its forward and
+backward in micro-batches, every term normalised by the whole batch on every rank
+(docs/ARCHITECTURE.md, "Training" and "Memory of the update").
 
-    1. roll out questions x n samples on the engine serving the current adapter
-    2. score each episode with the reward spec
-    3. group advantages; every segment of an episode (planner and executor) gets its advantage
-    4. recompute log-probs of the sampled tokens with the trainer model
-    5. draw an SFT batch
-    6. one optimizer step on  L_GRPO − β·H_rl + w·α·L_SFT (+ kl_coef·KL); L_GRPO is the configured
-       policy loss (PPO-clip, or GSPO's sequence-level ratio), optionally importance-weighted
-       against the sampler (TIS); its forward and backward run in micro-batches, every term
-       normalised by the whole batch on every rank (`batch_norms`, utils/train/micro.py)
-    7. update the RED state
-    8. give the new adapter to the engine
+L_GRPO is the configured policy loss (PPO-clip, or GSPO's sequence-level ratio; utils/train/losses.py
+POLICY_LOSSES), optionally importance-weighted against the sampler (TIS), or red_paper's loss when
+the batch holds expert sequences; w is RED's weight (utils/train/red.py). The step around it (roll
+out, score, advantages, this update, the RED state, the engine's new adapter) is the loop's,
+utils/train/grpo_trainer.py.
+
+Micro-batches. An optimizer step's batch is cut into micro-batches of at most
+`model.memory.micro_batch_tokens` tokens (utils/train/batch.py `micro_batches`), and each
+micro-batch's graph is freed by its own backward, so the memory of an update does not grow with the
+batch. Every normaliser of the loss (trained tokens, live episodes, rollout tokens, SFT target
+tokens) is counted over the whole batch and every data-parallel rank *before* the loop
+(`batch_norms`), and each micro-batch's loss is its rows' sum divided by those totals: the
+accumulated gradient is the one-pass gradient of the whole batch, on one rank or several (the
+ranks' gradients are then summed, not averaged). One finiteness decision, one clip and one
+optimizer step per batch (utils/train/guard.py `finish_step`), and no collective inside the loop,
+so ranks with different numbers of micro-batches stay in step.
 
 Departures from the seed, stated once: the PPO "old" log-probs are the trainer's, not the
 sampler's: with one optimizer pass per batch (the default) the update's own, detached; with more,
@@ -24,130 +31,59 @@ once per step, before the update.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 
 import torch
 
-from utils.agent.episode import Episode, Example, episode_sequences
-from utils.agent.protocol import PLANNER
-from utils.core.schema import TRAIN_ROLES, MemoryConfig
-from utils.core.tensors import pad
-from utils.reward.scorers import is_correct
-from utils.train.losses import Agg, advantages, aggregate, k3_kl, policy_loss, red_paper_entropy_weight, red_paper_loss
-from utils.train.micro import Tally, cut_rows, micro_batches
+from utils.core.schema import MemoryConfig
+from utils.train.batch import RlBatch, cut_rows, micro_batches, take_rows
+from utils.train.losses import Agg, aggregate, k3_kl, policy_loss, red_paper_entropy_weight, red_paper_loss
 from utils.train.policy import forward_logprobs, policy_device, sft_terms
 from utils.train.red import red_weights
 from utils.train.world import SOLO, World
 
 
-@dataclass
-class RlBatch:
-    """Padded training sequences of one rollout batch. ids/mask/sampler_lp [S, T]; adv [S]; `episode`
-    [S] the episode (or expert trace) each sequence came from; with red_paper, `offline` [S] marks
-    expert sequences and `accuracy` [S] is their group's accuracy."""
 
-    ids: torch.Tensor
-    attn: torch.Tensor
-    mask: torch.Tensor  # over next-token positions: [S, T-1]
-    sampler_lp: torch.Tensor | None  # [S, T-1]; None on a step that did not ask the sampler (mismatch_every)
-    adv: torch.Tensor  # [S]
-    roles: list[str]
-    offline: torch.Tensor | None = None  # [S] bool
-    accuracy: torch.Tensor | None = None  # [S]
-    token_adv: torch.Tensor | None = None  # [S, T-1]: with process rewards, per-token advantages
-    episode: torch.Tensor | None = None  # [S] long
+class Tally:
+    """A step's logged statistics, gathered over micro-batches and ranks.
 
-    def to(self, device) -> "RlBatch":
-        """The batch with every tensor on `device` (the policy's)."""
-        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
-                                if isinstance(getattr(self, f.name), torch.Tensor)})
+    `add(key, value)` adds a share that is already normalised by the whole batch (a loss term, an
+    entropy over all rollout tokens): the statistic is the sum of its shares. `add(key, value, weight)`
+    adds a mean over `weight` items of this piece (a clip fraction over its tokens): the statistic
+    is the weighted mean. `shared` values are the same on every piece and rank that sets them (RED's
+    weights, red_paper's entropies): a rank that set none (it held no SFT row, or no row at all) logs
+    the others'. A statistic with a single share in one process is that share, unchanged."""
 
+    def __init__(self):
+        self.parts: dict[str, list[tuple[float, float | None]]] = {}
+        self.shared: dict[str, float] = {}
 
-def _token_advantages(ep: Episode, ex, adv: float, bonus: list[float]) -> list[float]:
-    """Per token of `ex`: the episode's advantage, plus on a planner conversation turn k's `bonus[k]`
-    over that turn's generated tokens (each turn's tokens start where its context ends)."""
-    out = [adv] * len(ex.ids)
-    if ex.role == PLANNER:
-        for seg, b in zip((s for s in ep.segments if s.role == PLANNER), bonus):
-            start = len(seg.context_ids)
-            out[start:start + len(seg.gen_ids)] = [adv + b] * len(seg.gen_ids)
-    return out
+    def add(self, key: str, value: float, weight: float | None = None) -> None:
+        self.parts.setdefault(key, []).append((float(value), None if weight is None else float(weight)))
 
+    def result(self, world: World = SOLO) -> dict:
+        sums = {}
+        for key, parts in self.parts.items():
+            weighted = parts[0][1] is not None
+            if world.size == 1 and len(parts) == 1:
+                sums[key] = (parts[0][0], None)
+            elif weighted:
+                sums[key] = (sum(v * w for v, w in parts), sum(w for _, w in parts))
+            else:
+                sums[key] = (sum(v for v, _ in parts), None)
+        shared = self.shared
+        if world.size > 1:
+            merged: dict[str, tuple[float, float | None]] = {}
+            shared = {}
+            for rank_sums, rank_shared in world.gather((sums, self.shared)):
+                for key, (num, den) in rank_sums.items():
+                    old = merged.get(key, (0.0, None if den is None else 0.0))
+                    merged[key] = (old[0] + num, None if den is None else old[1] + den)
+                shared = {**rank_shared, **shared}  # the same on every rank that has them: the lowest rank's
+            sums = merged
+        out = {k: (num if den is None else (num / den if den else 0.0)) for k, (num, den) in sums.items()}
+        return {**out, **shared}
 
-@dataclass
-class _Sequence:
-    """One trained sequence on its way into an RlBatch: the example, its advantage, its group's
-    accuracy (expert sequences of red_paper only; None for rollouts), its per-token advantages
-    (process rewards) and the episode (or expert trace) it came from."""
-    ex: Example
-    adv: float
-    accuracy: float | None
-    token_adv: list[float] | None
-    episode: int
-
-
-def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int, roles: str = "both",
-                   offline: list[tuple] = (), turn_bonus: list[list[float]] | None = None) -> RlBatch | None:
-    """Every trained sequence of the episodes (utils/agent/episode.py) whose role `roles` selects
-    ("both", "planner", "executor"), each with its episode's advantage, then the `offline`
-    (Example, advantage, group accuracy) expert sequences of red_paper; None if no sequence has a
-    trained token. Expert sequences have no sampler: their sampler log-probs are 0. With
-    `turn_bonus` (per episode, per planner turn: process rewards) the batch carries per-token
-    advantages (`token_adv`)."""
-    if roles not in TRAIN_ROLES:
-        raise ValueError(f"roles must be {', '.join(TRAIN_ROLES[:-1])} or {TRAIN_ROLES[-1]}, got {roles!r}")
-    bonus = turn_bonus or [[] for _ in episodes]
-    seqs = [_Sequence(ex, a, None, _token_advantages(ep, ex, a, b) if turn_bonus is not None else None, i)
-            for i, (ep, a, b) in enumerate(zip(episodes, adv.tolist(), bonus)) for ex in episode_sequences(ep)]
-    seqs += [_Sequence(ex, a, acc, [a] * len(ex.ids), len(episodes) + j) for j, (ex, a, acc) in enumerate(offline)]
-    seqs = [s for s in seqs if sum(s.ex.mask) and roles in ("both", s.ex.role)]
-    if not seqs:
-        return None
-    ids, attn = pad([s.ex.ids for s in seqs], pad_id, torch.long)
-    mask, _ = pad([s.ex.mask for s in seqs], 0, torch.float)
-    sampled = all(s.ex.logprobs is not None for s in seqs if s.accuracy is None)  # rollout sequences only
-    lp = pad([s.ex.logprobs or [0.0] * len(s.ex.ids) for s in seqs], 0.0, torch.float)[0] if sampled else None
-    token_adv = pad([s.token_adv for s in seqs], 0.0, torch.float)[0][:, 1:] if turn_bonus is not None else None
-    # position t of ids is predicted from position t-1: shift the token-aligned mask and log-probs
-    return RlBatch(ids, attn, mask[:, 1:], lp[:, 1:] if lp is not None else None, torch.tensor([s.adv for s in seqs]),
-                   [s.ex.role for s in seqs], torch.tensor([s.accuracy is not None for s in seqs]),
-                   torch.tensor([s.accuracy or 0.0 for s in seqs]), token_adv, torch.tensor([s.episode for s in seqs]))
-
-
-def minibatch_rows(batch: RlBatch, parts: int) -> list[torch.Tensor]:
-    """Row indices of `parts` minibatches of whole episodes: an episode's planner and executor
-    sequences stay together, consecutive episodes go together, as even as the count allows; a part
-    that got no episode is empty (a rank with fewer episodes than parts still takes every step)."""
-    episode = batch.episode if batch.episode is not None else torch.arange(len(batch.adv))
-    return [torch.isin(episode, chunk).nonzero().squeeze(1) for chunk in torch.tensor_split(episode.unique(), parts)]
-
-
-def take_rows(batch: RlBatch, rows: torch.Tensor, *per_token: torch.Tensor | None) -> tuple:
-    """(the batch's `rows` cut to their longest sequence, then the same rows and token columns of each
-    [S, T-1] tensor in `per_token`; None stays None)."""
-    width = int(batch.attn[rows].sum(1).max())  # right padded: the longest kept sequence's length
-
-    def cut(t):
-        if t is None:
-            return None
-        t = t[rows]
-        if t.dim() == 1:
-            return t
-        return t[:, :width] if t.shape[1] == batch.ids.shape[1] else t[:, :width - 1]
-
-    part = replace(batch, roles=[batch.roles[i] for i in rows.tolist()],
-                   **{f.name: cut(getattr(batch, f.name)) for f in fields(batch)
-                      if isinstance(getattr(batch, f.name), torch.Tensor)})
-    return (part, *(cut(t) for t in per_token))
-
-
-def sft_parts(sft: tuple | None, parts: int) -> list[tuple | None]:
-    """An `sft_batch` (ids, attn, mask) in `parts` consecutive row ranges, each cut to its longest
-    example; None for a range with no example (or when there is no SFT batch)."""
-    if sft is None or parts == 1:
-        return [sft] * parts
-    return [cut_rows(rows.tolist(), *sft) if len(rows) else None
-            for rows in torch.tensor_split(torch.arange(len(sft[0])), parts)]
 
 
 @dataclass
@@ -166,11 +102,13 @@ class Norms:
     experts: bool
 
 
+
 def _offline(batch: RlBatch) -> torch.Tensor:
     """[S, 1]: 1.0 on expert rows (red_paper), else 0."""
     if batch.offline is None:
         return torch.zeros(len(batch.adv), 1, device=batch.mask.device)
     return batch.offline[:, None].float()
+
 
 
 def batch_norms(batch: RlBatch | None, sft_mask: torch.Tensor | None, rl, world: World = SOLO) -> Norms:
@@ -203,6 +141,7 @@ def batch_norms(batch: RlBatch | None, sft_mask: torch.Tensor | None, rl, world:
     return Norms(tokens, roll, expert, sft, seqs, row_weight, bool(counts[2] > 0))
 
 
+
 def _agg(rl, batch: RlBatch, norms: Norms | None = None, rows=None) -> Agg:
     """The configured aggregation over this batch's episodes (utils/train/losses.py Agg); with the
     whole batch's `norms`, the share of the batch's `rows` (None: all of them)."""
@@ -213,11 +152,13 @@ def _agg(rl, batch: RlBatch, norms: Norms | None = None, rows=None) -> Agg:
     return Agg(rl.loss_agg, row_weight=norms.row_weight if rows is None else norms.row_weight[rows])
 
 
+
 @dataclass
 class LossTerms:
     loss: torch.Tensor  # this rank's share of the batch's loss, detached (its backwards have run)
     stats: dict
     logp: torch.Tensor | None = None  # this forward's log-probs [S, T-1] at trained tokens, detached
+
 
 
 def _paper_weight(h_sft: float, h_rl: float, batch: RlBatch, alg, paper_state: dict) -> tuple[torch.Tensor, dict]:
@@ -226,6 +167,7 @@ def _paper_weight(h_sft: float, h_rl: float, batch: RlBatch, alg, paper_state: d
     w = red_paper_entropy_weight(h_sft, h_rl, paper_state.get("h_sft"), paper_state.get("h_rl"),
                                  alg.red_paper.entropy_weight_max)
     return torch.where(batch.offline, batch.adv * w, batch.adv), {"entropy_weight": w, "h_sft": h_sft, "h_rl": h_rl}
+
 
 
 def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, paper, paper_state: dict, memory,
@@ -278,6 +220,7 @@ def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, pap
     return loss, logp.detach()
 
 
+
 def _sft_piece(model, piece: tuple, norms: Norms, weight: float, memory, tally: Tally) -> torch.Tensor:
     """A micro-batch's share of w·α·L_SFT (the token-mean NLL over the whole SFT batch's targets); its
     NLL and entropy shares go to `tally` as actor/sft_loss and actor/sft_entropy."""
@@ -285,6 +228,7 @@ def _sft_piece(model, piece: tuple, norms: Norms, weight: float, memory, tally: 
     tally.add("actor/sft_loss", l_sft.item())
     tally.add("actor/sft_entropy", h_sft.item())
     return weight * l_sft
+
 
 
 def _pieces(batch: RlBatch | None, sft: tuple | None, budget: int) -> list[tuple[list | None, list | None]]:
@@ -298,6 +242,7 @@ def _pieces(batch: RlBatch | None, sft: tuple | None, budget: int) -> list[tuple
         return [(list(range(len(rl_len))) if batch is not None else None,
                  list(range(len(sft_len))) if sft is not None else None)]
     return [(r, None) for r in micro_batches(rl_len, budget)] + [(None, s) for s in micro_batches(sft_len, budget)]
+
 
 
 def _paper_entropies(model, batch: RlBatch | None, norms: Norms, memory, world: World) -> tuple[float, float]:
@@ -319,11 +264,12 @@ def _paper_entropies(model, batch: RlBatch | None, norms: Norms, memory, world: 
     return (sums[0] / norms.expert).item(), (sums[1] / norms.rollout).item()
 
 
+
 def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft: tuple | None, alg, red_state,
                   batch_accuracy: float, ref_lp: torch.Tensor | None = None, paper_state: dict | None = None,
                   world: World = SOLO, memory: MemoryConfig = MemoryConfig()) -> LossTerms:
     """Forward and backward of L = L_GRPO − β·H_rl + w·α·L_SFT + kl_coef·KL over the batch, in
-    micro-batches of `memory.micro_batch_tokens` (utils/train/micro.py): the gradients accumulate in
+    micro-batches of `memory.micro_batch_tokens` (utils/train/batch.py): the gradients accumulate in
     the parameters' .grad (the caller zeroes them first and steps after, guard.finish_step). Every
     term is normalised by the whole batch on every rank (`batch_norms`), so the gradient is the
     one-pass gradient whatever the cut. `old_lp` [S, T-1] are the sampling policy's log-probs (None:
@@ -336,7 +282,7 @@ def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft
 
     A data-parallel rank may hold no RL rows of the step (`batch` None), no SFT rows (`sft` None), or
     neither: it still makes every collective the others make, trains what it has, and logs the whole
-    batch's stats, RED's weights included (utils/train/micro.py `Tally`)."""
+    batch's stats, RED's weights included (`Tally`)."""
     norms = batch_norms(batch, sft[2] if sft is not None else None, alg.rl, world)
     tally = Tally()
     weight = 0.0
@@ -368,17 +314,3 @@ def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft
         tally.add("actor/loss", loss.item())
         total = total + loss.detach()
     return LossTerms(total, tally.result(world), logp_all)
-
-
-def group_advantages(rewards: list[float], n: int, scaling: str) -> torch.Tensor:
-    return advantages(scaling, torch.tensor(rewards, dtype=torch.float), n)
-
-
-def batch_accuracy(scored: list[dict]) -> float:
-    """RED's `acc`: the share of scored episodes whose answer is fully correct (an F1 of 0.5 counts 0)."""
-    return sum(is_correct(s["answer"]) for s in scored) / max(len(scored), 1)
-
-
-def zero_variance_fraction(rewards: list[float], n: int) -> float:
-    groups = [rewards[i:i + n] for i in range(0, len(rewards), n)]
-    return sum(max(g) - min(g) < 1e-9 for g in groups) / max(len(groups), 1)
