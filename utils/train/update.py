@@ -37,7 +37,8 @@ import torch
 
 from utils.core.schema import MemoryConfig
 from utils.train.batch import RlBatch, cut_rows, micro_batches, take_rows
-from utils.train.losses import Agg, aggregate, k3_kl, policy_loss, red_paper_entropy_weight, red_paper_loss
+from utils.train.losses import (POLICY_LOSSES, Agg, aggregate, k3_kl, policy_loss, red_paper_entropy_weight,
+                                red_paper_loss)
 from utils.train.policy import forward_logprobs, policy_device, sft_terms
 from utils.train.red import red_weights
 from utils.train.world import SOLO, World
@@ -199,7 +200,8 @@ def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, pap
         adv = part.token_adv if part.token_adv is not None else part.adv
         pg, pg_stats = policy_loss(rl.policy_loss, logp, old_lp, adv, part.mask, rl.clip_low, rl.clip_high, agg,
                                    sampler_logp=part.sampler_lp, tis_cap=rl.tis_cap)
-        live = (part.mask.sum(-1) > 0).sum() if rl.policy_loss == "gspo" else part.mask.sum()
+        sequence_level = POLICY_LOSSES.get(rl.policy_loss)[1] == "sequence"  # its stats are per sequence
+        live = (part.mask.sum(-1) > 0).sum() if sequence_level else part.mask.sum()
         weights = {"clip_frac": live, "ratio_mean": live, "tis_weight_mean": part.mask.sum(),
                    "tis_clip_frac": part.mask.sum()}
     loss = pg - rl.entropy_coef * h_rl
