@@ -21,10 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from utils.core.config import from_dict  # noqa: E402
 from utils.core.io import read_jsonl  # noqa: E402
-from utils.core.manifest import read_manifest  # noqa: E402
-from utils.core.schema import RunConfig  # noqa: E402
+from utils.core.stages import recorded_config  # noqa: E402
 from utils.core.stream import Cursor, rl_question_key, take  # noqa: E402
 from utils.eval.evaluation import gold_subtask_counts  # noqa: E402
 from utils.eval.mechanism import first_last_tenths  # noqa: E402
@@ -73,7 +71,7 @@ def report(run: Path, by_length: list[float]) -> list[str]:
     rows = read_jsonl(run / "01_prepare_dataset" / "train.jsonl")
     lines = [f"{'training':<14}{'corr':>7}{'mix tenths':>18}{'observed tenths':>20}{'observed - mix':>16}"]
     for out in trainings(run):
-        cfg = from_dict(RunConfig, read_manifest(out)["config"], f"{out / 'manifest.json'} (config)")
+        cfg = recorded_config(out)
         steps = [m for m in read_jsonl(out / "metrics.jsonl") if "train/accuracy" in m and "time/rollout" in m]
         if len(steps) < 3:
             continue

@@ -8,7 +8,7 @@ answered and planner turns that tell a broken protocol apart (`overall`).
 
 Defaults to the run's 04_sft_warmup/ckpt_sft/best adapter. The base model, prompt templates,
 engine, turn limit and token budgets are the run's own, as its warmup's manifest recorded them
-(`run_config`); --max_turns and --max_new_tokens_planner override them. GRPO learns only from groups with a
+(utils/core/stages.py `recorded_config`); --max_turns and --max_new_tokens_planner override them. GRPO learns only from groups with a
 correct sample, so a length with pass@n = 0 at the rollout temperature gives no RL signal at all:
 every method would tie there. docs/RESULTS.md and the journal quote
 this probe's figures.
@@ -23,10 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from utils.agent.engines import make_engine  # noqa: E402
 from utils.agent.rollout import Codec, Rollout, RolloutSpec  # noqa: E402
-from utils.core.config import ROOT, from_dict, repo_path  # noqa: E402
+from utils.core.config import ROOT, repo_path  # noqa: E402
 from utils.core.io import read_records  # noqa: E402
-from utils.core.manifest import read_manifest  # noqa: E402
-from utils.core.schema import RunConfig  # noqa: E402
+from utils.core.stages import recorded_config  # noqa: E402
 from utils.eval.evaluation import failure_category, gold_steps, gold_subtask_counts, pass_at_k, summarize_scores  # noqa: E402
 from utils.reward.spec import read_spec, score_episodes  # noqa: E402
 
@@ -59,13 +58,6 @@ def overall(scored: list[dict], samples: int, steps: dict[str, list] | None = No
     return line
 
 
-def run_config(run: Path) -> RunConfig:
-    """The settings a rollout of `run` needs (model path, templates, engine, budgets, max_turns and
-    the tool), from 04's manifest: the slice of the config the warmup read (utils/core/stages.py)."""
-    recorded = read_manifest(run / "04_sft_warmup")["config"]
-    return from_dict(RunConfig, recorded, f"{run / '04_sft_warmup' / 'manifest.json'} (config)")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", type=Path, default=ROOT / "outputs" / "run_001")
@@ -79,7 +71,7 @@ def main() -> int:
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
-    cfg = run_config(args.run)
+    cfg = recorded_config(args.run / "04_sft_warmup")  # the model, templates, engine, budgets 04 ran with
     if args.max_turns is not None:
         cfg.agent.max_turns = args.max_turns
     if args.max_new_tokens_planner is not None:

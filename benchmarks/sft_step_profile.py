@@ -40,10 +40,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from utils.agent.traces import read_trace_examples  # noqa: E402
-from utils.core.cli import parse_stage_args  # noqa: E402
 from utils.core.config import ROOT  # noqa: E402
 from utils.core.models import load_tokenizer  # noqa: E402
-from utils.core.stages import model_dir  # noqa: E402
+from utils.core.stages import model_dir, recorded_config  # noqa: E402
 from utils.train.lora_fast import install_fast_lora, uninstall_fast_lora  # noqa: E402
 from utils.train.policy import load_policy, sft_loss  # noqa: E402
 from utils.train.sft_trainer import SftLoop  # noqa: E402
@@ -105,7 +104,9 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    cfg, _ = parse_stage_args(__doc__, ["--run_id", args.run.name])
+    if not (args.run / "04_sft_warmup" / "manifest.json").is_file():
+        sys.exit(f"sft_step_profile: {args.run / '04_sft_warmup'} has no manifest: run 09_driver.py (or 00-04) first")
+    cfg = recorded_config(args.run / "04_sft_warmup")  # the model, LoRA and warmup the run trained with
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     traces = args.run / "03_generate_sft_traces" / "sft_traces.jsonl"

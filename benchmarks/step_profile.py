@@ -37,10 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from utils.agent.engines import empty_prefix_cache, make_engine  # noqa: E402
 from utils.agent.rollout import Rollout, RolloutSpec  # noqa: E402
-from utils.core.cli import parse_stage_args  # noqa: E402
 from utils.core.config import ROOT  # noqa: E402
 from utils.core.io import read_records  # noqa: E402
-from utils.core.stages import model_dir  # noqa: E402
+from utils.core.methods import METHODS  # noqa: E402
+from utils.core.stages import model_dir, recorded_config  # noqa: E402
 from utils.core.tracking import MetricsLogger  # noqa: E402
 from utils.eval.evaluation import greedy_eval  # noqa: E402
 from utils.train.batch import build_rl_batch  # noqa: E402
@@ -148,8 +148,12 @@ def main() -> int:
     import torch
 
     run = args.run
-    cfg, _ = parse_stage_args(__doc__, ["--algorithm", args.algorithm, "--run_id", run.name,
-                                        "--set", f"algorithm.rl.steps={args.steps + 1}"])
+    if args.algorithm not in METHODS:
+        sys.exit(f"step_profile: unknown --algorithm {args.algorithm!r}; valid: {', '.join(METHODS)}")
+    trained = run / METHODS[args.algorithm].trainer / args.algorithm
+    if not (trained / "manifest.json").is_file():
+        sys.exit(f"step_profile: {trained} has no manifest: profile a method the run has trained (09_driver.py)")
+    cfg = recorded_config(trained, [f"algorithm.rl.steps={args.steps + 1}"])  # the RL config the run trained with
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     inputs = (run / "04_sft_warmup" / "ckpt_sft" / "best", run / "03_generate_sft_traces" / "sft_traces.jsonl",

@@ -1,13 +1,14 @@
 """benchmarks/headroom_probe.py samples a run's adapters with the run's own rollout settings: its
-model, templates, engine, turn limit and token budgets come from the warmup's manifest, not from
-flags that must be passed by hand (a probe at another budget measures another policy)."""
+model, templates, engine, turn limit and token budgets come from the warmup's manifest
+(utils/core/stages.py `recorded_config`, which every benchmark of a run reads), not from flags that
+must be passed by hand (a probe at another budget measures another policy)."""
 import importlib.util
 import json
 
 from utils.agent.rollout import RolloutSpec
 from utils.core.config import ROOT
 from utils.core.loader import load_run_config
-from utils.core.stages import stage_config
+from utils.core.stages import recorded_config, stage_config
 
 
 def _probe_module():
@@ -22,10 +23,11 @@ def test_the_probe_reads_the_runs_rollout_settings_from_its_warmup_manifest(tmp_
                                      "agent.max_new_tokens_executor=20", "model.engine.max_lora_rank=8"])
     (tmp_path / "04_sft_warmup").mkdir()
     (tmp_path / "04_sft_warmup" / "manifest.json").write_text(json.dumps({"config": stage_config(cfg, "04_sft_warmup")}))
-    got = _probe_module().run_config(tmp_path)
+    got = recorded_config(tmp_path / "04_sft_warmup")
     assert RolloutSpec.from_config(got, 0.7) == RolloutSpec.from_config(cfg, 0.7)
     assert (got.model.path, got.model.engine, got.model.templates) == (cfg.model.path, cfg.model.engine, cfg.model.templates)
     assert RolloutSpec.from_config(got, 0.7).max_new_tokens_planner == 40
+    assert recorded_config(tmp_path / "04_sft_warmup", ["agent.max_turns=3"]).agent.max_turns == 3
 
 
 def test_the_probe_reports_the_protocols_health_beside_mean_and_pass_at_n():

@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from utils.core.config import ConfigError, repo_path, to_dict
+from utils.core.config import ConfigError, apply_overrides, from_dict, repo_path, to_dict
 from utils.core.errors import StageError  # noqa: F401 - where the stages' callers import it from
 from utils.core.io import DataError
 from utils.core.lock import HOLDER_ENV, RunLocked
@@ -146,6 +146,14 @@ def stage_config(cfg: RunConfig, stage: str) -> dict:
         if not out["agent"]:  # 00 reads only the tool
             del out["agent"]
     return out
+
+
+def recorded_config(stage: Path, overrides: list[str] = ()) -> RunConfig:
+    """The config a completed stage of a run ran with: its manifest's slice (`stage_config`), the rest
+    at the schema's defaults, `overrides` (KEY=VALUE) on top. What a benchmark of that run measures,
+    rather than today's configs' defaults."""
+    tree = apply_overrides(read_manifest(stage)["config"], list(overrides), RunConfig)
+    return from_dict(RunConfig, tree, f"{stage / MANIFEST_NAME} (config)")
 
 
 def evaluation_settings(cfg: RunConfig, checkpoint: str, limit: int = 0) -> dict:
