@@ -50,7 +50,7 @@ def run_steps(world, case: str, scenario: str, base_dir, out_dir) -> dict:
     from utils.core.tracking import NullLogger
     from utils.train.batch import take_rows
     from utils.train.grpo_trainer import GrpoTrainer
-    from utils.train.variants import ExpertTraces
+    from utils.train.red_paper import ExpertTraces
 
     rows0, rows1, n_sft = SCENARIOS[scenario]
     overrides = ["algorithm.rl.stratify=false", "algorithm.rl.dynamic_sampling=0", f"algorithm.sft.batch_size={n_sft}", "algorithm.rl.ppo_epochs=1",

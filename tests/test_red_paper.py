@@ -191,7 +191,9 @@ def test_a_config_turns_on_exactly_its_trainer_variants():
     experts first (their rewards must be in place before the process bonus is read)."""
     from utils.core.schema import ProcessRewardConfig
     from utils.reward.spec import RewardSpec
-    from utils.train.variants import ExpertTraces, ProcessRewards, StepData, active_variants
+    from utils.train.red_paper import ExpertTraces
+    from utils.train.grpo_trainer import active_variants
+    from utils.train.variants import ProcessRewards, StepData
 
     alg = load_run_config(algorithm="red_paper").algorithm
     assert active_variants(alg, RewardSpec(), {}) == []

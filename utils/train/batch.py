@@ -19,7 +19,6 @@ from utils.core.schema import TRAIN_ROLES
 from utils.core.tensors import pad
 
 
-
 @dataclass
 class RlBatch:
     """Padded training sequences of one rollout batch. ids/mask/sampler_lp [S, T]; adv [S]; `episode`
@@ -43,7 +42,6 @@ class RlBatch:
                                 if isinstance(getattr(self, f.name), torch.Tensor)})
 
 
-
 def _token_advantages(ep: Episode, ex, adv: float, bonus: list[float]) -> list[float]:
     """Per token of `ex`: the episode's advantage, plus on a planner conversation turn k's `bonus[k]`
     over that turn's generated tokens (each turn's tokens start where its context ends)."""
@@ -53,7 +51,6 @@ def _token_advantages(ep: Episode, ex, adv: float, bonus: list[float]) -> list[f
             start = len(seg.context_ids)
             out[start:start + len(seg.gen_ids)] = [adv + b] * len(seg.gen_ids)
     return out
-
 
 
 @dataclass
@@ -66,7 +63,6 @@ class _Sequence:
     accuracy: float | None
     token_adv: list[float] | None
     episode: int
-
 
 
 def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int, roles: str = "both",
@@ -97,14 +93,12 @@ def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int, role
                    torch.tensor([s.accuracy or 0.0 for s in seqs]), token_adv, torch.tensor([s.episode for s in seqs]))
 
 
-
 def minibatch_rows(batch: RlBatch, parts: int) -> list[torch.Tensor]:
     """Row indices of `parts` minibatches of whole episodes: an episode's planner and executor
     sequences stay together, consecutive episodes go together, as even as the count allows; a part
     that got no episode is empty (a rank with fewer episodes than parts still takes every step)."""
     episode = batch.episode if batch.episode is not None else torch.arange(len(batch.adv))
     return [torch.isin(episode, chunk).nonzero().squeeze(1) for chunk in torch.tensor_split(episode.unique(), parts)]
-
 
 
 def take_rows(batch: RlBatch, rows: torch.Tensor, *per_token: torch.Tensor | None) -> tuple:
@@ -126,7 +120,6 @@ def take_rows(batch: RlBatch, rows: torch.Tensor, *per_token: torch.Tensor | Non
     return (part, *(cut(t) for t in per_token))
 
 
-
 def sft_parts(sft: tuple | None, parts: int) -> list[tuple | None]:
     """An `sft_batch` (ids, attn, mask) in `parts` consecutive row ranges, each cut to its longest
     example; None for a range with no example (or when there is no SFT batch)."""
@@ -134,7 +127,6 @@ def sft_parts(sft: tuple | None, parts: int) -> list[tuple | None]:
         return [sft] * parts
     return [cut_rows(rows.tolist(), *sft) if len(rows) else None
             for rows in torch.tensor_split(torch.arange(len(sft[0])), parts)]
-
 
 
 def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
@@ -155,7 +147,6 @@ def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
         used += lengths[i]
     out.append(sorted(current))
     return out
-
 
 
 def cut_rows(rows: list[int], ids: torch.Tensor, attn: torch.Tensor, *per_token: torch.Tensor | None) -> tuple:

@@ -45,7 +45,8 @@ from utils.train.red import RedState, red_update
 from utils.train.sampler import (DynamicSampler, SampledBatch, batch_accuracy, group_advantages,
                                  zero_variance_fraction)
 from utils.train.update import Tally, red_grpo_loss
-from utils.train.variants import StepData, active_variants
+from utils.train.red_paper import ExpertTraces
+from utils.train.variants import ProcessRewards, StepData, StepVariant
 from utils.train.world import SOLO, World
 
 
@@ -60,6 +61,18 @@ class TrainState:
     @classmethod
     def from_json(cls, d: dict) -> "TrainState":
         return cls(**{**d, "questions": Cursor(**d["questions"]), "sft": Cursor(**d["sft"])})
+
+
+def active_variants(alg, spec, offline: dict, prm=None) -> list[StepVariant]:
+    """The variants a run's config turns on, in hook order: expert traces (algorithm.red_paper.offline,
+    with the traces `offline` read; utils/train/red_paper.py), then process rewards
+    (reward.process.source; utils/train/variants.py)."""
+    out: list[StepVariant] = []
+    if offline:
+        out.append(ExpertTraces(offline, spec, alg.rl.n_samples))
+    if spec.process.source != "none":
+        out.append(ProcessRewards(spec.process.source, alg.rl, prm))
+    return out
 
 
 class GrpoTrainer:

@@ -154,7 +154,6 @@ class DynamicSampler:
                              "train/kept_groups": len(kept), "time/rollout_refill": refill})
 
 
-
 def group_advantages(rewards: list[float], n: int, scaling: str) -> torch.Tensor:
     return advantages(scaling, torch.tensor(rewards, dtype=torch.float), n)
 

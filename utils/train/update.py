@@ -37,12 +37,11 @@ import torch
 
 from utils.core.schema import MemoryConfig
 from utils.train.batch import RlBatch, cut_rows, micro_batches, take_rows
-from utils.train.losses import (POLICY_LOSSES, Agg, aggregate, k3_kl, policy_loss, red_paper_entropy_weight,
-                                red_paper_loss)
+from utils.train.losses import POLICY_LOSSES, Agg, aggregate, k3_kl, policy_loss
 from utils.train.policy import forward_logprobs, policy_device, sft_terms
 from utils.train.red import red_weights
+from utils.train.red_paper import expert_loss, offline_rows, paper_entropies
 from utils.train.world import SOLO, World
-
 
 
 class Tally:
@@ -86,7 +85,6 @@ class Tally:
         return {**out, **shared}
 
 
-
 @dataclass
 class Norms:
     """A batch's normalisers, counted over all its rows on every rank before any micro-batch's loss
@@ -103,15 +101,6 @@ class Norms:
     experts: bool
 
 
-
-def _offline(batch: RlBatch) -> torch.Tensor:
-    """[S, 1]: 1.0 on expert rows (red_paper), else 0."""
-    if batch.offline is None:
-        return torch.zeros(len(batch.adv), 1, device=batch.mask.device)
-    return batch.offline[:, None].float()
-
-
-
 def batch_norms(batch: RlBatch | None, sft_mask: torch.Tensor | None, rl, world: World = SOLO) -> Norms:
     """The normalisers of `batch` and its SFT batch's target mask, summed over ranks (one collective).
     A rank with no RL rows (`batch` None) adds its SFT tokens alone."""
@@ -121,7 +110,7 @@ def batch_norms(batch: RlBatch | None, sft_mask: torch.Tensor | None, rl, world:
             counts[3] = sft_mask.sum()
         counts = world.sum(counts)
         return Norms(*counts[:5].clamp(min=1).unbind(), None, bool(counts[2] > 0))
-    mask, off = batch.mask, _offline(batch)
+    mask, off = batch.mask, offline_rows(batch)
     has_off = batch.offline is not None and bool(batch.offline.any())
     rollout = mask * (1 - off) if has_off else mask
     seq_tokens = mask.sum(-1)  # [S]
@@ -142,7 +131,6 @@ def batch_norms(batch: RlBatch | None, sft_mask: torch.Tensor | None, rl, world:
     return Norms(tokens, roll, expert, sft, seqs, row_weight, bool(counts[2] > 0))
 
 
-
 def _agg(rl, batch: RlBatch, norms: Norms | None = None, rows=None) -> Agg:
     """The configured aggregation over this batch's episodes (utils/train/losses.py Agg); with the
     whole batch's `norms`, the share of the batch's `rows` (None: all of them)."""
@@ -153,22 +141,11 @@ def _agg(rl, batch: RlBatch, norms: Norms | None = None, rows=None) -> Agg:
     return Agg(rl.loss_agg, row_weight=norms.row_weight if rows is None else norms.row_weight[rows])
 
 
-
 @dataclass
 class LossTerms:
     loss: torch.Tensor  # this rank's share of the batch's loss, detached (its backwards have run)
     stats: dict
     logp: torch.Tensor | None = None  # this forward's log-probs [S, T-1] at trained tokens, detached
-
-
-
-def _paper_weight(h_sft: float, h_rl: float, batch: RlBatch, alg, paper_state: dict) -> tuple[torch.Tensor, dict]:
-    """red_paper's advantages [S], the expert rows' scaled by the entropy-change weight of this step's
-    expert and rollout entropies (over the whole batch), and the stats the next step reads."""
-    w = red_paper_entropy_weight(h_sft, h_rl, paper_state.get("h_sft"), paper_state.get("h_rl"),
-                                 alg.red_paper.entropy_weight_max)
-    return torch.where(batch.offline, batch.adv * w, batch.adv), {"entropy_weight": w, "h_sft": h_sft, "h_rl": h_rl}
-
 
 
 def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, paper, paper_state: dict, memory,
@@ -183,19 +160,12 @@ def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, pap
                                  chunk_mib=memory.logits_chunk_mib)
     if old_lp is None:  # one pass per batch: the policy being updated is the one that sampled
         old_lp = logp.detach()
-    off = _offline(part)
+    off = offline_rows(part)
     rollout_mask = part.mask * (1 - off) if norms.experts else part.mask
     h_rl = aggregate(Agg("token-mean", total=norms.rollout), ent, rollout_mask)
     agg = _agg(rl, part, norms, rows)
-    if norms.experts:
-        with torch.no_grad():
-            h_sft = aggregate(Agg("token-mean", total=norms.expert), ent, part.mask * off).item()
-        adv, paper_stats = _paper_weight(*(paper or (h_sft, h_rl.item())), part, alg, paper_state)
-        tally.shared.update({f"red_paper/{k}": v for k, v in paper_stats.items()})
-        pg, pg_stats = red_paper_loss(logp, old_lp, adv, part.mask, part.offline, part.accuracy, rl.clip_low,
-                                      rl.clip_high, agg, alg.red_paper.policy_shift)
-        weights = {"clip_frac": rollout_mask.sum(), "ratio_mean": rollout_mask.sum(),
-                   "offline_ratio_mean": (part.mask * off).sum()}
+    if norms.experts:  # red_paper's expert rows somewhere in the batch (utils/train/red_paper.py)
+        pg, pg_stats, weights = expert_loss(part, logp, old_lp, ent, norms, agg, alg, paper, paper_state, tally)
     else:
         adv = part.token_adv if part.token_adv is not None else part.adv
         pg, pg_stats = policy_loss(rl.policy_loss, logp, old_lp, adv, part.mask, rl.clip_low, rl.clip_high, agg,
@@ -222,7 +192,6 @@ def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, pap
     return loss, logp.detach()
 
 
-
 def _sft_piece(model, piece: tuple, norms: Norms, weight: float, memory, tally: Tally) -> torch.Tensor:
     """A micro-batch's share of w·α·L_SFT (the token-mean NLL over the whole SFT batch's targets); its
     NLL and entropy shares go to `tally` as actor/sft_loss and actor/sft_entropy."""
@@ -230,7 +199,6 @@ def _sft_piece(model, piece: tuple, norms: Norms, weight: float, memory, tally: 
     tally.add("actor/sft_loss", l_sft.item())
     tally.add("actor/sft_entropy", h_sft.item())
     return weight * l_sft
-
 
 
 def _pieces(batch: RlBatch | None, sft: tuple | None, budget: int) -> list[tuple[list | None, list | None]]:
@@ -244,27 +212,6 @@ def _pieces(batch: RlBatch | None, sft: tuple | None, budget: int) -> list[tuple
         return [(list(range(len(rl_len))) if batch is not None else None,
                  list(range(len(sft_len))) if sft is not None else None)]
     return [(r, None) for r in micro_batches(rl_len, budget)] + [(None, s) for s in micro_batches(sft_len, budget)]
-
-
-
-def _paper_entropies(model, batch: RlBatch | None, norms: Norms, memory, world: World) -> tuple[float, float]:
-    """red_paper's (expert, rollout) token-mean entropies over the whole batch and every rank, from a
-    no-grad pass, for a batch in several micro-batches: every piece's expert advantages need them.
-    A rank with no RL rows adds nothing (but takes part)."""
-    if batch is None:
-        sums = world.sum(torch.zeros(2))
-        return (sums[0] / norms.expert.cpu()).item(), (sums[1] / norms.rollout.cpu()).item()
-    sums = torch.zeros(2, device=batch.mask.device)
-    off = _offline(batch)
-    with torch.no_grad():
-        for rows in micro_batches(batch.attn.sum(1).tolist(), memory.micro_batch_tokens):
-            ids, attn, mask, o = cut_rows(rows, batch.ids, batch.attn, batch.mask, off.expand_as(batch.mask))
-            _, ent = forward_logprobs(model, ids, attn, with_entropy=True, need=mask > 0,
-                                      chunk_mib=memory.logits_chunk_mib)
-            sums += torch.stack([(ent * mask * o).sum(), (ent * mask * (1 - o)).sum()])
-    sums = world.sum(sums)
-    return (sums[0] / norms.expert).item(), (sums[1] / norms.rollout).item()
-
 
 
 def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft: tuple | None, alg, red_state,
@@ -296,7 +243,7 @@ def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft
     pieces = _pieces(batch, sft, memory.micro_batch_tokens)
     paper = None
     if norms.experts and (len(pieces) > 1 or world.size > 1):
-        paper = _paper_entropies(model, batch, norms, memory, world)
+        paper = paper_entropies(model, batch, norms, memory, world)
     logp_all = torch.zeros_like(batch.mask) if batch is not None else None
     total = torch.zeros((), device=policy_device(model))
     for rl_rows, sft_rows in pieces:

@@ -1,6 +1,7 @@
-"""Trainer variants: what red_paper's expert traces and process rewards add to a GRPO step, as
-plug-ins the step calls at fixed points instead of branches on the config (docs/ARCHITECTURE.md,
-"Training"). `active_variants` builds the ones a run's config turns on; plain GRPO has none.
+"""Trainer variants: what red_paper's expert traces (utils/train/red_paper.py `ExpertTraces`) and
+process rewards add to a GRPO step, as plug-ins the step calls at fixed points instead of branches
+on the config (docs/ARCHITECTURE.md, "Training"). utils/train/grpo_trainer.py `active_variants` builds
+the ones a run's config turns on; plain GRPO has none.
 
 A step (utils/train/grpo_trainer.py `GrpoTrainer.step`) calls each active variant's hooks in order:
 1. `answers(row, answers)`: the answer scores dynamic sampling judges a group by;
@@ -19,8 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from utils.reward.process import verifier_rewards
-from utils.reward.scorers import is_correct
-from utils.reward.spec import score_answer
 from utils.train.losses import process_advantages
 
 
@@ -57,53 +56,6 @@ class StepVariant:
         pass
 
 
-class ExpertTraces(StepVariant):
-    """red_paper: a question with an expert trace (03's, `samples`: question id -> OfflineSample) has
-    it in place of its group's last rollout, scored like a rollout (format 1: gold traces are
-    well-formed by construction, tests/test_red_paper.py) and trained through the policy loss
-    (utils/train/losses.py `red_paper_loss`, applied in utils/train/update.py `_rl_piece`), which needs the previous step's entropies."""
-
-    def __init__(self, samples: dict, spec, n: int):
-        self.samples, self.spec, self.n = samples, spec, n
-
-    def _score(self, row: dict) -> tuple[float, dict]:
-        sample = self.samples[row["id"]]
-        return score_answer(self.spec, row["question"], sample.answer, row["answers"], 1.0, sample.n_tokens,
-                            sample.subtasks)
-
-    def answers(self, row: dict, answers: list[float]) -> list[float]:
-        if row["id"] in self.samples:
-            return answers[:-1] + [self._score(row)[1]["answer"]]
-        return answers
-
-    def regroup(self, step: StepData) -> None:
-        experts = []
-        for g, row in enumerate(step.rows):
-            sample = self.samples.get(row["id"])
-            if sample is None:
-                continue
-            i = g * self.n + self.n - 1
-            reward, comps = self._score(row)
-            step.rewards[i] = reward
-            answers = [s["answer"] for s in step.scored[g * self.n:i]] + [comps["answer"]]
-            experts.append((i, sample, sum(map(is_correct, answers)) / self.n))
-        step.replaced |= {i for i, _, _ in experts}
-        step.notes["experts"] = experts
-
-    def extend(self, step: StepData, adv) -> None:
-        step.extra += [(ex, adv[i].item(), acc) for i, sample, acc in step.notes["experts"] for ex in sample.examples]
-
-    def after_update(self, stats: dict, skipped: int, state) -> None:
-        if "red_paper/h_sft" in stats and not skipped:
-            state.red_paper = {"h_sft": stats["red_paper/h_sft"], "h_rl": stats["red_paper/h_rl"]}
-
-    def metrics(self, step: StepData, world) -> dict:
-        accuracy = world.concat([a for _, _, a in step.notes["experts"]])
-        if not accuracy:
-            return {}
-        return {"red_paper/offline_groups": len(accuracy), "red_paper/group_accuracy": sum(accuracy) / len(accuracy)}
-
-
 class ProcessRewards(StepVariant):
     """reward.process: per episode and planner turn, process_weight × the discounted, group-normalised
     step rewards (utils/train/losses.py process_advantages) of the verifier, or of the judge `prm`
@@ -135,14 +87,3 @@ class ProcessRewards(StepVariant):
     def close(self) -> None:
         if self.prm is not None:
             self.prm.engine.close()
-
-
-def active_variants(alg, spec, offline: dict, prm=None) -> list[StepVariant]:
-    """The variants a run's config turns on, in hook order: expert traces (algorithm.red_paper.offline,
-    with the traces `offline` read), then process rewards (reward.process.source)."""
-    out: list[StepVariant] = []
-    if offline:
-        out.append(ExpertTraces(offline, spec, alg.rl.n_samples))
-    if spec.process.source != "none":
-        out.append(ProcessRewards(spec.process.source, alg.rl, prm))
-    return out
