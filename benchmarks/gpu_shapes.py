@@ -13,6 +13,7 @@ The contexts are the model configs' budgets (planner turns of 256 tokens, execut
 planner conversations of 732 tokens and executor calls of 484. They do not reach the seed's 3,072
 prompt and 1,024 response tokens.
 """
+import functools
 import shutil
 import statistics
 import time
@@ -319,6 +320,7 @@ class ShapeRun:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+@functools.lru_cache(maxsize=None)  # the check's estimate asks after every phase
 def param_count(name: str) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM

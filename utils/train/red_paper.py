@@ -23,13 +23,11 @@ from utils.train.variants import StepData, StepVariant
 from utils.train.world import World
 
 
-
 def offline_rows(batch: RlBatch) -> torch.Tensor:
     """[S, 1]: 1.0 on expert rows (red_paper), else 0."""
     if batch.offline is None:
         return torch.zeros(len(batch.adv), 1, device=batch.mask.device)
     return batch.offline[:, None].float()
-
 
 
 def _paper_weight(h_sft: float, h_rl: float, batch: RlBatch, alg, paper_state: dict) -> tuple[torch.Tensor, dict]:
@@ -40,20 +38,20 @@ def _paper_weight(h_sft: float, h_rl: float, batch: RlBatch, alg, paper_state: d
     return torch.where(batch.offline, batch.adv * w, batch.adv), {"entropy_weight": w, "h_sft": h_sft, "h_rl": h_rl}
 
 
-
-def expert_loss(part: RlBatch, logp, old_lp, ent, norms, agg, alg, paper, paper_state: dict,
+def expert_loss(part: RlBatch, logp, old_lp, ent, h_rl: float, norms, agg, alg, paper, paper_state: dict,
                 tally) -> tuple[torch.Tensor, dict, dict]:
     """red_paper's policy loss on a micro-batch `part` that holds expert rows: (loss, its stats, the
     weight of each stat over this piece). The expert rows' advantages are scaled by the entropy-change
     weight of the whole batch's expert and rollout entropies (`paper`, from `paper_entropies`; None:
-    this piece's own, when it is the whole batch), against `paper_state`, the previous step's; that
-    weight and the entropies go to `tally.shared` for the next step (`ExpertTraces.after_update`)."""
+    this piece's own, its expert tokens' and `h_rl`, when it is the whole batch), against `paper_state`,
+    the previous step's; that weight and the entropies go to `tally.shared` for the next step
+    (`ExpertTraces.after_update`)."""
     off = offline_rows(part)
     rollout_mask = part.mask * (1 - off)
-    with torch.no_grad():
-        h_sft = aggregate(Agg("token-mean", total=norms.expert), ent, part.mask * off).item()
-        h_rl = aggregate(Agg("token-mean", total=norms.rollout), ent, rollout_mask).item()
-    adv, paper_stats = _paper_weight(*(paper or (h_sft, h_rl)), part, alg, paper_state)
+    if paper is None:
+        with torch.no_grad():
+            paper = aggregate(Agg("token-mean", total=norms.expert), ent, part.mask * off).item(), h_rl
+    adv, paper_stats = _paper_weight(*paper, part, alg, paper_state)
     tally.shared.update({f"red_paper/{k}": v for k, v in paper_stats.items()})
     rl = alg.rl
     pg, stats = red_paper_loss(logp, old_lp, adv, part.mask, part.offline, part.accuracy, rl.clip_low, rl.clip_high,
@@ -63,25 +61,21 @@ def expert_loss(part: RlBatch, logp, old_lp, ent, norms, agg, alg, paper, paper_
     return pg, stats, weights
 
 
-
 def paper_entropies(model, batch: RlBatch | None, norms, memory, world: World) -> tuple[float, float]:
     """red_paper's (expert, rollout) token-mean entropies over the whole batch and every rank, from a
     no-grad pass, for a batch in several micro-batches: every piece's expert advantages need them.
     A rank with no RL rows adds nothing (but takes part)."""
-    if batch is None:
-        sums = world.sum(torch.zeros(2))
-        return (sums[0] / norms.expert.cpu()).item(), (sums[1] / norms.rollout.cpu()).item()
-    sums = torch.zeros(2, device=batch.mask.device)
-    off = offline_rows(batch)
+    sums = torch.zeros(2, device=norms.expert.device)
+    rows_of = micro_batches(batch.attn.sum(1).tolist(), memory.micro_batch_tokens) if batch is not None else []
+    off = offline_rows(batch) if batch is not None else None
     with torch.no_grad():
-        for rows in micro_batches(batch.attn.sum(1).tolist(), memory.micro_batch_tokens):
+        for rows in rows_of:
             ids, attn, mask, o = cut_rows(rows, batch.ids, batch.attn, batch.mask, off.expand_as(batch.mask))
             _, ent = forward_logprobs(model, ids, attn, with_entropy=True, need=mask > 0,
                                       chunk_mib=memory.logits_chunk_mib)
             sums += torch.stack([(ent * mask * o).sum(), (ent * mask * (1 - o)).sum()])
     sums = world.sum(sums)
     return (sums[0] / norms.expert).item(), (sums[1] / norms.rollout).item()
-
 
 
 class ExpertTraces(StepVariant):

@@ -104,27 +104,25 @@ class Norms:
 def batch_norms(batch: RlBatch | None, sft_mask: torch.Tensor | None, rl, world: World = SOLO) -> Norms:
     """The normalisers of `batch` and its SFT batch's target mask, summed over ranks (one collective).
     A rank with no RL rows (`batch` None) adds its SFT tokens alone."""
+    device = batch.mask.device if batch is not None else sft_mask.device if sft_mask is not None else "cpu"
+    zero = torch.zeros((), device=device)
+    sft = sft_mask.sum() if sft_mask is not None else zero
     if batch is None:
-        counts = torch.zeros(6, device=sft_mask.device if sft_mask is not None else "cpu")
-        if sft_mask is not None:
-            counts[3] = sft_mask.sum()
-        counts = world.sum(counts)
-        return Norms(*counts[:5].clamp(min=1).unbind(), None, bool(counts[2] > 0))
-    mask, off = batch.mask, offline_rows(batch)
-    has_off = batch.offline is not None and bool(batch.offline.any())
-    rollout = mask * (1 - off) if has_off else mask
-    seq_tokens = mask.sum(-1)  # [S]
-    episode = batch.episode if batch.episode is not None else torch.arange(len(seq_tokens), device=mask.device)
-    ids, inverse = torch.unique(episode, return_inverse=True)
-    ep_tokens = torch.zeros(len(ids), dtype=mask.dtype, device=mask.device).index_add(0, inverse, seq_tokens)
-    zero = mask.sum() * 0
-    counts = torch.stack([mask.sum(), rollout.sum(), (mask * off).sum() if has_off else zero,
-                          sft_mask.sum() if sft_mask is not None else zero,
-                          (seq_tokens > 0).sum().to(mask.dtype), (ep_tokens > 0).sum().to(mask.dtype)])
-    counts = world.sum(counts)
+        tokens, roll, expert, seqs, episodes = [zero] * 5
+    else:
+        mask, off = batch.mask, offline_rows(batch)
+        has_off = batch.offline is not None and bool(batch.offline.any())
+        seq_tokens = mask.sum(-1)  # [S]
+        episode = batch.episode if batch.episode is not None else torch.arange(len(seq_tokens), device=mask.device)
+        ids, inverse = torch.unique(episode, return_inverse=True)
+        ep_tokens = torch.zeros(len(ids), dtype=mask.dtype, device=mask.device).index_add(0, inverse, seq_tokens)
+        tokens, roll = mask.sum(), (mask * (1 - off) if has_off else mask).sum()
+        expert = (mask * off).sum() if has_off else zero
+        seqs, episodes = (seq_tokens > 0).sum().to(mask.dtype), (ep_tokens > 0).sum().to(mask.dtype)
+    counts = world.sum(torch.stack([tokens, roll, expert, sft, seqs, episodes]))
     tokens, roll, expert, sft, seqs, episodes = counts.clamp(min=1).unbind()
     row_weight = None
-    if rl.loss_agg != "token-mean":
+    if batch is not None and rl.loss_agg != "token-mean":
         per_episode = ep_tokens if rl.loss_agg == "seq-mean-token-mean" else torch.full_like(ep_tokens, rl.loss_horizon)
         row_weight = torch.where(seq_tokens > 0, 1 / (per_episode[inverse].clamp(min=1) * episodes),
                                  torch.zeros_like(seq_tokens))
@@ -165,7 +163,8 @@ def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, pap
     h_rl = aggregate(Agg("token-mean", total=norms.rollout), ent, rollout_mask)
     agg = _agg(rl, part, norms, rows)
     if norms.experts:  # red_paper's expert rows somewhere in the batch (utils/train/red_paper.py)
-        pg, pg_stats, weights = expert_loss(part, logp, old_lp, ent, norms, agg, alg, paper, paper_state, tally)
+        pg, pg_stats, weights = expert_loss(part, logp, old_lp, ent, h_rl.item(), norms, agg, alg, paper, paper_state,
+                                            tally)
     else:
         adv = part.token_adv if part.token_adv is not None else part.adv
         pg, pg_stats = policy_loss(rl.policy_loss, logp, old_lp, adv, part.mask, rl.clip_low, rl.clip_high, agg,
