@@ -217,8 +217,8 @@ def test_the_report_counts_greedy_outcomes_per_checkpoint(tmp_path):
 
 def test_stats_calibration_benchmark_runs_08s_test_on_simulated_studies(capsys):
     """The calibration oracle (tests/stats_calibration.py) stays runnable (its figures are quoted in
-    docs/ARCHITECTURE.md): a few studies per setting, and its last line is the largest null rejection
-    rate."""
+    docs/RESULTS.md, "Equivalence verdicts"): a few studies per setting, and its last line is the
+    largest null rejection rate."""
     import stats_calibration as bench
 
     assert bench.main(["--reps", "20", "--items", "50", "--seeds", "3", "--spreads", "0,0.04"]) == 0

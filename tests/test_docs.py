@@ -268,3 +268,42 @@ def test_a_registry_names_the_valid_choices_for_an_unknown_name():
     assert reg.get("a") == 1 and reg["b"] == 2 and reg.names == ("a", "b") and list(reg) == ["b", "a"]
     with pytest.raises(KeyError, match="unknown widget 'c'; valid: a, b"):
         reg.get("c")
+
+
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
+ARCHITECTURE_MAX_WORDS = 3000
+# docs/ARCHITECTURE.md, "Protocol"   or   docs/ARCHITECTURE.md "Stages" and "Memory of the update"
+SECTION_CITE = re.compile(r"docs/([A-Z]+)\.md,?\s+((?:\"[^\"\n]+\"(?:\s*(?:,|and)\s*)?)+)")
+
+
+def section_cites(text: str) -> list[tuple[str, str]]:
+    """(doc, heading) for every `docs/<NAME>.md, "Heading"` a file's text cites, quotes joined by and/commas."""
+    text = re.sub(r"\s*\n\s*#?\s*", " ", text)  # a cite wrapped over lines, in code or a comment
+    return [(doc, h) for doc, quoted in SECTION_CITE.findall(text) for h in re.findall(r"\"([^\"]+)\"", quoted)]
+
+
+def test_architecture_is_a_map_not_a_manual():
+    """ARCHITECTURE stays a map that points at the docstrings holding the detail (issue 85)."""
+    words = len(ARCHITECTURE.read_text().split())
+    assert words <= ARCHITECTURE_MAX_WORDS, f"docs/ARCHITECTURE.md has {words} words (at most {ARCHITECTURE_MAX_WORDS})"
+
+
+def test_every_doc_section_the_code_cites_exists():
+    """A docstring or comment that sends a reader to `docs/<X>.md, "Section"` names a heading that doc
+    has, whole or by its first words ("Data-parallel training" for "Data-parallel training: ...")."""
+    sources = [p for d in ("utils", "tests", "benchmarks", "configs") for p in (ROOT / d).rglob("*")
+               if p.suffix in (".py", ".yaml") and p != Path(__file__)] + sorted(ROOT.glob("[0-9][0-9]_*.py"))
+    cited, missing = 0, []
+    for path in sources:
+        for doc, heading in section_cites(path.read_text()):
+            target = ROOT / "docs" / f"{doc}.md"
+            cited += 1
+            if not target.exists() or not any(a.startswith(slug(heading)) for a in anchors(target)):
+                missing.append(f"{path.relative_to(ROOT)}: docs/{doc}.md \"{heading}\"")
+    assert cited > 20 and missing == []
+
+
+def test_the_section_cite_finder_reads_wrapped_and_joined_cites():
+    text = 'x (docs/ARCHITECTURE.md, "Training" and "Memory of\n    the update"). y docs/OPERATIONS.md "Data-parallel training"'
+    assert section_cites(text) == [("ARCHITECTURE", "Training"), ("ARCHITECTURE", "Memory of the update"),
+                                   ("OPERATIONS", "Data-parallel training")]

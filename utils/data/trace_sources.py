@@ -3,7 +3,20 @@
 that never branches on a source's name. `gold` reads the task's own decomposition, `solution` a
 worked solution's "expr = number" lines, `teacher` samples episodes from a teacher model and keeps
 the first correct one per question (rejection sampling; the sampled count gives the acceptance rate).
-A new source is one more entry here (docs/EXTENDING.md)."""
+A new source is one more entry here (docs/EXTENDING.md).
+
+What every source shares: `traces.max_subtasks=N` keeps traces of at most N subtasks,
+`traces.long_traces=L` lets the first L longer ones through as well, and `traces.max_traces=K` then
+keeps the first K in train order (`teacher` stops sampling once K are kept); all 0 (off) unless set.
+A teacher episode is kept only when the reward spec judges it correct and its final answer holds no
+tag fragment (`<answer>56</answer</answer>` scores 56 under `numeric` but would teach the broken tag).
+The imperfect teacher (`traces.flaw_rate` ρ > 0) stops a share ρ of the gold chains of two or more
+subtasks one subtask early: the planner answers the result before the last subtask. `flaw_draw:
+question` flaws each chain on its own with probability ρ, drawn from (seed, question id); `length`
+flaws exactly round(ρ·n) of the n traced chains of each gold length, those first by the same draw, so
+the flawed share per length is ρ on every seed. A flawed record says `"flawed": true`, and 03's
+manifest counts them: a warmup on them learns to stop early, which only a reward on the final answer
+can unlearn (the embedded regime's positive control)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,6 +1,19 @@
 """Greedy evaluation of the full Planner/Executor agent: rollouts on rows, scored by the reward spec.
 
 `greedy_eval` is what 07 runs on the test split and what the SFT warmup's `Validator` runs on val.
+
+What 07 reports beside greedy accuracy (its percentile bootstrap CI over test items):
+- with `eval.samples: k`, k episodes per item at the rollout temperature (`algorithm.rl.temperature`,
+  the distribution RL optimises): `mean@k` (each item's mean answer score, averaged over items) and
+  `pass@k` (items with a fully correct sample; `passk.py`'s estimator at k = 1, 2, 4, ...), each item's
+  `sampled_correct` of `sampled_n` in predictions.jsonl. `eval.primary: mean_at_k` makes 08's paired
+  tests run on the per-item mean, a continuous score with more power than greedy's 0/1; it is fixed
+  before a study, and 08 refuses evaluations that declare different primaries;
+- with `eval.curve_samples: n`, a second pass of n samples an item, seeded apart from mean@k's, so
+  mean@k and every verdict on it stay as they are (`curve_correct` of `curve_n`, `pass_at_k_curve`);
+- each greedy episode's outcome (`failure_category`): correct, wrong_answer, stopped_early (the gold
+  chain's next-to-last result: the imperfect teacher's flaw), no_answer, malformed, hit_max_turns,
+  executor_error, which 08 tabulates per checkpoint, so a report shows what a gain removed.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Process rewards: a score for each planner step, is this subtask a sensible next step toward the
-answer? (CDRA's generative process reward model, `reward.process`; docs/ARCHITECTURE.md, "Training").
+answer? (CDRA's generative process reward model, `reward.process`; their step advantages:
+utils/train/losses.py `process_advantages`).
 
 Two scorers, each giving one value per planner turn of an episode (None for a turn that delegates
 nothing: the final answer, or a malformed turn):

@@ -7,6 +7,12 @@ digest. Anything else (a new config value, a changed input, a re-run parent, a k
 it again; the config differences that do not are in utils/run/freshness.py. The per-method steps
 come from the method registry (utils/core/methods.py); a stage's hash is computed from the stage
 table (utils/core/stages.py), never by importing the scripts.
+
+The plan puts every evaluation last (base, sft_warmup, then each method), and those not up to date
+run in one 07 process (`07_evaluate.py --checkpoint base,sft_warmup,red`): one engine serves them
+all and swaps adapters, since starting a vLLM engine on a 2-core CPU (about 25 s plus imports) costs
+more than evaluating 200 items on it (about 12 s). Each checkpoint still gets its own folder and
+manifest, the same as evaluating it alone writes (tests/test_evaluate.py).
 """
 from __future__ import annotations
 

@@ -7,6 +7,11 @@ stage ran, left at its schema default; a setting that changes only what a step l
 evaluation is now asked for, since 07 samples the curve after the greedy and mean@k passes and apart
 from them, so those figures are the plain evaluation's bit for bit (docs/ARCHITECTURE.md "Stages").
 Anything else re-runs the stage.
+
+The first rests on a rule for every new setting: its schema default keeps the code's behaviour from
+before it. Each added so far was checked to train bit for bit as before (`ppo_minibatches`,
+`max_subtasks`, `stratify` and `lr_warmup_steps` on 3 red steps from a val warmup: the same adapter
+digest), so an upgrade does not retrain every run folder.
 """
 from __future__ import annotations
 

@@ -4,6 +4,12 @@ Writes an ordinary Hugging Face directory (config.json, model.safetensors, token
 generation_config.json) plus `manifest.json` recording the recipe, its hash, the training curve,
 the held-out accuracy and the wall time. The directory is assembled under a temporary name and
 renamed into place, so an interrupted build never leaves a half-written model.
+
+A variant for experiments: `--set` takes any recipe field and the manifest records it, e.g.
+`python -m utils.tinyarith.build --out DIR --set seq_len=384 --set reduction_max_ops=6 [--device
+cuda]`; a run uses it with `--set model.path=DIR`. On a GPU a helper process draws the batches ahead
+of the device, the same stream as on the CPU, but the weights differ from a CPU build's (another
+summation order).
 """
 from __future__ import annotations
 
