@@ -158,6 +158,8 @@ def test_choice_lists_agree_with_the_registries():
     assert set(schema.LOSS_AGGS) == set(AGGREGATIONS)
     assert set(schema.ADV_SCALINGS) == set(ADVANTAGES)
     assert set(schema.POLICY_LOSS_NAMES) == set(POLICY_LOSSES)
+    from utils.core.choices import POLICY_LOSS_LEVELS
+    assert POLICY_LOSS_LEVELS == {name: level for name, (_, level) in POLICY_LOSSES.items()}
     assert set(schema.SCORER_NAMES) == set(SCORERS)
     assert set(schema.ADAPTER_NAMES) == set(ADAPTERS)
     assert set(schema.RETRIEVER_NAMES) == {"none", *RETRIEVERS}
@@ -180,6 +182,16 @@ def test_a_registry_the_schema_cannot_read_is_refused_naming_its_file(tmp_path):
             registry_names("m.py", variable, tmp_path)
     with pytest.raises(ValueError, match="m.py: no top-level assignment to E"):
         registry_names("m.py", "E", tmp_path)
+
+
+def test_a_registry_levels_are_read_from_its_source_or_refused(tmp_path):
+    from utils.core.choices import registry_levels
+
+    (tmp_path / "m.py").write_text('A = Registry("x", {"a": (f, "token"), "b": (g, "sequence")})\n'
+                                   'B = Registry("y", {"a": (f, "token"), "b": g})\n')
+    assert registry_levels("m.py", "A", tmp_path) == {"a": "token", "b": "sequence"}
+    with pytest.raises(ValueError, match="m.py:2: every entry of B must be"):
+        registry_levels("m.py", "B", tmp_path)
 
 
 @pytest.mark.parametrize("algorithm,override,implied", [

@@ -34,6 +34,24 @@ def registry_names(module: str, variable: str, root: Path = _ROOT) -> tuple[str,
     raise ValueError(f"{module}: no top-level assignment to {variable} (utils/core/choices.py reads its names there)")
 
 
+def registry_levels(module: str, variable: str, root: Path = _ROOT) -> dict[str, str]:
+    """For a registry whose entries are `(function, "level")` tuples, like `POLICY_LOSSES`: each name's
+    level string, read from the source as `registry_names` reads the names."""
+    for node in _body(root / module):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
+                isinstance(t, ast.Name) and t.id == variable
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])):
+            entries = node.value.args[1] if isinstance(node.value, ast.Call) and len(node.value.args) == 2 else None
+            levels = {k.value: v.elts[-1].value for k, v in zip(entries.keys, entries.values)
+                      if isinstance(v, ast.Tuple) and isinstance(v.elts[-1], ast.Constant)} \
+                if isinstance(entries, ast.Dict) else {}
+            if set(levels) != set(registry_names(module, variable, root)):
+                raise ValueError(f"{module}:{node.lineno}: every entry of {variable} must be (function, \"level\") "
+                                 f"so that the config can read its level without importing it (utils/core/choices.py)")
+            return levels
+    raise ValueError(f"{module}: no top-level assignment to {variable} (utils/core/choices.py reads it there)")
+
+
 @lru_cache(maxsize=None)
 def _body(path: Path) -> list:
     return ast.parse(path.read_text(), str(path)).body
@@ -61,6 +79,7 @@ LORA_FORWARDS = registry_names("utils/train/lora_fast.py", "FORWARDS")
 LOSS_AGGS = registry_names("utils/train/losses.py", "AGGREGATIONS")
 ADV_SCALINGS = registry_names("utils/train/losses.py", "ADVANTAGES")
 POLICY_LOSS_NAMES = registry_names("utils/train/losses.py", "POLICY_LOSSES")
+POLICY_LOSS_LEVELS = registry_levels("utils/train/losses.py", "POLICY_LOSSES")  # "token" or "sequence"
 SCORER_NAMES = registry_names("utils/reward/scorers.py", "SCORERS")
 ADAPTER_NAMES = registry_names("utils/data/adapters.py", "ADAPTERS")
 RETRIEVER_NAMES = ("none", *registry_names("utils/agent/retrieval.py", "RETRIEVERS"))  # or no tool

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from utils.core.choices import POLICY_LOSS_LEVELS
 from utils.core.config import ROOT, ConfigError, apply_overrides, deep_merge, from_dict, read_yaml, tier_path
 from utils.core.methods import contradictions, implied_method
 from utils.core.schema import RunConfig
@@ -131,11 +132,12 @@ def read_regime(name: str) -> dict:
 
 
 def check_process(cfg: RunConfig) -> None:
-    """Process rewards give planner tokens their own advantages: only PPO-clip's per-token loss takes
-    them (GSPO's ratio is per sequence; red_paper's expert sequences have no planner turns of their own)."""
+    """Process rewards give planner tokens their own advantages: only a policy loss registered at the
+    token level takes them (utils/train/losses.py POLICY_LOSSES: GSPO's ratio is per sequence), and
+    red_paper's expert sequences have no planner turns of their own."""
     if cfg.reward.process.source == "none" or not cfg.algorithm.rl.enabled:
         return
-    if cfg.algorithm.rl.policy_loss != "ppo_clip" or cfg.algorithm.red_paper.offline:
+    if POLICY_LOSS_LEVELS[cfg.algorithm.rl.policy_loss] != "token" or cfg.algorithm.red_paper.offline:
         raise ConfigError(f"reward.process.source={cfg.reward.process.source} needs per-token advantages, which "
                           f"method '{cfg.algorithm.method}' does not take (policy_loss "
                           f"{cfg.algorithm.rl.policy_loss}, red_paper.offline "
