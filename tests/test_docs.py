@@ -307,3 +307,26 @@ def test_the_section_cite_finder_reads_wrapped_and_joined_cites():
     text = 'x (docs/ARCHITECTURE.md, "Training" and "Memory of\n    the update"). y docs/OPERATIONS.md "Data-parallel training"'
     assert section_cites(text) == [("ARCHITECTURE", "Training"), ("ARCHITECTURE", "Memory of the update"),
                                    ("OPERATIONS", "Data-parallel training")]
+
+
+DEFAULT_RUN = re.compile(r"regime `(\w+)`, which\s+`(configs/data/[\w.]+\.yaml)` names: a warmup of (\d+) steps of (\d+) "
+                         r"on the gold traces of (\d+)\s+questions, then (\d+) RL steps of (\d+) questions × (\d+) "
+                         r"samples at lr ([\d.e-]+), (\d+) optimizer passes a batch")
+
+
+def test_the_readme_says_what_the_main_command_trains_with():
+    """The values the default run trains with are on the front page (issue 85), and they are the
+    loaded config's: a changed regime or tier that the README does not follow fails here."""
+    from utils.core.config import read_yaml
+    from utils.core.loader import load_run_config
+
+    m = DEFAULT_RUN.search(" ".join(README.read_text().split()).replace("\n", " "))
+    assert m, "README.md's quick start no longer says what the main command trains with"
+    regime, tier, steps, batch, traces, rl_steps, questions, samples, lr, passes = m.groups()
+    cfg = load_run_config()  # the main command's: tiny-arith, red, synthetic_arith
+    assert read_yaml(ROOT / tier)["run"]["regime"] == regime == cfg.regime
+    assert (cfg.warmup.steps, cfg.warmup.batch_size, cfg.traces.max_traces) == (int(steps), int(batch), int(traces))
+    rl = cfg.algorithm.rl
+    assert (rl.steps, rl.questions_per_step, rl.n_samples, rl.ppo_epochs) == (int(rl_steps), int(questions),
+                                                                               int(samples), int(passes))
+    assert rl.lr == float(lr)
