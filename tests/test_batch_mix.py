@@ -1,20 +1,13 @@
-"""benchmarks/batch_mix.py rebuilds each RL step's questions from the trainer's stream and prices
-them with a per-length accuracy: the questions are the stream's, step after step, and the
-mix's share of a run's accuracy is read as 08 reads the mechanism (first against last tenth)."""
-import importlib.util
+"""utils/eval/batch_mix.py (a study analysis) rebuilds each RL step's questions from the trainer's
+stream and prices them with a per-length accuracy: the questions are the stream's, step after step,
+and the mix's share of a run's accuracy is read as 08 reads the mechanism (first against last
+tenth)."""
 import json
 
 import pytest
 
-from utils.core.config import ROOT
 from utils.core.stream import Cursor, rl_question_key, take
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("batch_mix", ROOT / "benchmarks" / "batch_mix.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from utils.eval import batch_mix
 
 
 def _rows(n: int) -> list[dict]:
@@ -22,7 +15,7 @@ def _rows(n: int) -> list[dict]:
 
 
 def test_steps_take_the_streams_questions_in_order():
-    mod, rows = _module(), _rows(25)
+    mod, rows = batch_mix, _rows(25)
     steps = [{"train/kept_groups": 4, "train/dropped_groups": 3}, {}, {"train/kept_groups": 2, "train/dropped_groups": 0}]
     got = mod.step_questions(rows, steps, seed=7, per_step=4)  # the middle step: no dynamic sampling
     cursor = Cursor()
@@ -30,7 +23,7 @@ def test_steps_take_the_streams_questions_in_order():
 
 
 def test_mix_accuracy_prices_each_question_by_its_gold_length():
-    mod, rows = _module(), _rows(6)  # lengths 1, 2, 3, 1, 2, 3
+    mod, rows = batch_mix, _rows(6)  # lengths 1, 2, 3, 1, 2, 3
     assert mod.mix_accuracy(rows, [0.9, 0.5, 0.1]) == pytest.approx(0.5)
     assert mod.mix_accuracy(rows[:1], [0.9, 0.5, 0.1]) == pytest.approx(0.9)
     with pytest.raises(SystemExit, match="q2 has 3 gold subtasks"):
@@ -40,7 +33,7 @@ def test_mix_accuracy_prices_each_question_by_its_gold_length():
 def test_the_report_separates_the_mix_from_the_policy(tmp_path):
     """A run whose observed accuracy is the mix's plus a trend of 0.01 a step: correlation 1, and
     observed - mix is the trend's tenths (27 steps of 30 apart: +0.27)."""
-    mod, rows = _module(), _rows(400)
+    mod, rows = batch_mix, _rows(400)
     (tmp_path / "01_prepare_dataset").mkdir()
     (tmp_path / "01_prepare_dataset" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     by_length = [0.8, 0.4, 0.0]

@@ -65,7 +65,7 @@ def test_dropped_groups_are_refilled_up_to_the_cap(hf_base, base_dir, tmp_path, 
     assert metrics["train/kept_groups"] == len(kept) and metrics["train/sampling_rounds"] == used <= rounds + 1
     assert 0 < metrics["time/rollout_refill"] < metrics["time/rollout"]  # the extra rounds, inside the rollout
     assert metrics["train/dropped_groups"] == len(seen) - len(kept)
-    # the step consumed kept + dropped questions (benchmarks/batch_mix.py rebuilds on it)
+    # the step consumed kept + dropped questions (utils/eval/batch_mix.py rebuilds on it)
     take(trainer.rows, metrics["train/kept_groups"] + metrics["train/dropped_groups"], rl_question_key(trainer.cfg.seed), start)
     assert trainer.state.questions == start
     assert len(episodes) == 4 * len(kept) and metrics["train/zero_variance_groups"] == 0

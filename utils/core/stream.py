@@ -21,7 +21,7 @@ class Cursor:
 
 def rl_question_key(seed: int) -> str:
     """The stream key of an RL run's questions: the trainer draws each step's questions (and every
-    dynamic-sampling refill) from it, and benchmarks/batch_mix.py replays it."""
+    dynamic-sampling refill) from it, and utils/eval/batch_mix.py replays it."""
     return f"{seed}/q"
 
 

@@ -1,21 +1,13 @@
-"""benchmarks/headroom_probe.py samples a run's adapters with the run's own rollout settings: its
-model, templates, engine, turn limit and token budgets come from the warmup's manifest
-(utils/core/stages.py `recorded_config`, which every benchmark of a run reads), not from flags that
-must be passed by hand (a probe at another budget measures another policy)."""
-import importlib.util
+"""utils/eval/headroom.py (the study's headroom probe) samples a run's adapters with the run's own
+rollout settings: its model, templates, engine, turn limit and token budgets come from the warmup's
+manifest (utils/core/stages.py `recorded_config`, which every benchmark of a run reads), not from
+flags that must be passed by hand (a probe at another budget measures another policy)."""
 import json
 
 from utils.agent.rollout import RolloutSpec
-from utils.core.config import ROOT
 from utils.core.loader import load_run_config
 from utils.core.stages import recorded_config, stage_config
-
-
-def _probe_module():
-    spec = importlib.util.spec_from_file_location("headroom_probe", ROOT / "benchmarks" / "headroom_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from utils.eval import headroom
 
 
 def test_the_probe_reads_the_runs_rollout_settings_from_its_warmup_manifest(tmp_path):
@@ -37,8 +29,8 @@ def test_the_probe_reports_the_protocols_health_beside_mean_and_pass_at_n():
 
     scored = [episode("a", 1.0, 1.0, "answered", 4), episode("a", 0.0, 1.0, "answered", 4),  # a: one right of two
               episode("b", 0.0, 0.0, "malformed", 1), episode("b", 0.0, 0.5, "hit_max_turns", 8)]  # b: none
-    assert _probe_module().overall(scored, 2) == \
+    assert headroom.overall(scored, 2) == \
         "all: mean@2 0.2500  pass@2 0.5000  format 0.625  answered 0.500  turns 4.25"
     scored[1]["prediction"] = "12"  # a's wrong sample answered the next-to-last result: 1 of 4 stopped early
     steps = {"a": [{"result": 7}, {"result": 12}, {"result": 10}]}
-    assert _probe_module().overall(scored, 2, steps).endswith("turns 4.25  stopped early 0.250")
+    assert headroom.overall(scored, 2, steps).endswith("turns 4.25  stopped early 0.250")

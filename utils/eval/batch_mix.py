@@ -1,13 +1,13 @@
 """How much of an RL run's per-step batch accuracy is its batch's question mix, not its policy?
 
-    .venv/bin/python benchmarks/batch_mix.py --run outputs/study/seed_1 --by_length 0.71,0.40,0.35,0.10,0,0
+    .venv/bin/python -m utils.eval.batch_mix --run outputs/study/seed_1 --by_length 0.71,0.40,0.35,0.10,0,0
 
 Each step's questions are rebuilt from the run's question stream: the trainer's own draw on the
 train split (`take(rows, k, rl_question_key(seed), cursor)` over the pool `rl_questions` gives), advancing by
 the step's kept + dropped groups, which is what dynamic sampling consumes
 (tests/test_dynamic_sampling.py checks that). Each step is then given the accuracy one fixed policy
 would have on that mix: the mean, over every question the step sampled, of `--by_length` (sample
-accuracy per gold subtask count 1, 2, ..., e.g. headroom_probe.py's lines for the run's warmup).
+accuracy per gold subtask count 1, 2, ..., e.g. utils/eval/headroom.py's lines for the run's warmup).
 
 Per RL training under the run (05's and 06's): the correlation of the mix's accuracy with the
 observed `train/accuracy`, both detrended, and each one's first-to-last-tenth change as 08's
@@ -19,14 +19,13 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from utils.core.io import read_jsonl  # noqa: E402
-from utils.core.stages import recorded_config  # noqa: E402
-from utils.core.stream import Cursor, rl_question_key, take  # noqa: E402
-from utils.eval.evaluation import gold_subtask_counts  # noqa: E402
-from utils.eval.mechanism import first_last_tenths  # noqa: E402
-from utils.train.questions import rl_questions, rl_strata  # noqa: E402
+from utils.core.io import read_jsonl
+from utils.core.stages import recorded_config
+from utils.core.stream import Cursor, rl_question_key, take
+from utils.eval.evaluation import gold_subtask_counts
+from utils.eval.mechanism import first_last_tenths
+from utils.train.questions import rl_questions, rl_strata
 
 
 def step_questions(rows: list[dict], steps: list[dict], seed: int, per_step: int,

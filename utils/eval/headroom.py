@@ -3,7 +3,7 @@ per gold decomposition length, the sample accuracy, pass@n and how many subtasks
 and first, over every question, the sample accuracy (mean@n), pass@n, and the format score, share
 answered and planner turns that tell a broken protocol apart (`overall`).
 
-    .venv/bin/python benchmarks/headroom_probe.py --run outputs/run_001 [--adapter DIR]
+    .venv/bin/python -m utils.eval.headroom --run outputs/run_001 [--adapter DIR]
         [--temperature 0.7] [--samples 8] [--split val] [--max_turns N] [--max_new_tokens_planner N]
 
 Defaults to the run's 04_sft_warmup/ckpt_sft/best adapter. The base model, prompt templates,
@@ -19,15 +19,14 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from utils.agent.engines import make_engine  # noqa: E402
-from utils.agent.rollout import Codec, Rollout, RolloutSpec  # noqa: E402
-from utils.core.config import ROOT, repo_path  # noqa: E402
-from utils.core.io import read_records  # noqa: E402
-from utils.core.stages import recorded_config  # noqa: E402
-from utils.eval.evaluation import failure_category, gold_steps, gold_subtask_counts, pass_at_k, summarize_scores  # noqa: E402
-from utils.reward.spec import read_spec, score_episodes  # noqa: E402
+from utils.agent.engines import make_engine
+from utils.agent.rollout import Codec, Rollout, RolloutSpec
+from utils.core.config import ROOT, repo_path
+from utils.core.io import read_records
+from utils.core.stages import recorded_config
+from utils.eval.evaluation import failure_category, gold_steps, gold_subtask_counts, pass_at_k, summarize_scores
+from utils.reward.spec import read_spec, score_episodes
 
 
 def probe(rows: list[dict], scored: list[dict]) -> dict[str, dict]:
