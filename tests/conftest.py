@@ -135,7 +135,8 @@ class VllmGroupScheduling(LoadFileScheduling):
     using the session's vLLM engines form one unit, so the engines start on one worker only (each
     start is an engine and its memory on a box of 2 cores). xdist's `loadgroup` would do this with
     marks, but with pytest 9.2 it ignores them (it renames items through an attribute pytest no
-    longer reads)."""
+    longer reads). The one hook is `_split_scope` (a test id -> its unit), private to xdist 3.8, which
+    requirements.txt pins: tests/test_suite_schedule.py fails if an upgrade renames it."""
 
     def __init__(self, config, log=None):
         super().__init__(config, log)

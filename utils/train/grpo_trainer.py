@@ -42,10 +42,10 @@ from utils.train.policy import (batch_logprobs, dropout_active, policy_device, r
                                 sft_batch)
 from utils.train.questions import rl_strata
 from utils.train.red import RedState, red_update
+from utils.train.red_paper import ExpertTraces
 from utils.train.sampler import (DynamicSampler, SampledBatch, batch_accuracy, group_advantages,
                                  zero_variance_fraction)
 from utils.train.update import Tally, red_grpo_loss
-from utils.train.red_paper import ExpertTraces
 from utils.train.variants import ProcessRewards, StepData, StepVariant
 from utils.train.world import SOLO, World
 
