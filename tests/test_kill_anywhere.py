@@ -1,4 +1,4 @@
-"""Kill anywhere (docs/OPERATIONS.md, "Failure behaviour"): the driver's process group is SIGKILLed at seven
+"""Kill anywhere (docs/OPERATIONS.md, "Failure behaviour"): the driver's process group is SIGKILLed at eight
 exact points (utils/core/faults.py), one after another, each time re-running the same command;
 the run that survives them all ends with the same numbers as an uninterrupted one, on CPU. The
 rollouts run on the HF engine: on vLLM the same chain took 18 minutes on this box (an engine start
@@ -31,6 +31,7 @@ KILLS = [
     ("03_generate_sft_traces", "write:sft_traces.jsonl"),  # the traces complete in a temporary file
     ("04_sft_warmup", "sft_step:120"),  # mid-step, after the checkpoint of step 100
     ("04_sft_warmup", "checkpoint"),  # the resumed run's checkpoint of step 150, half assembled
+    ("04_sft_warmup", "publish:last"),  # the next one's, complete, between publish_dir's two renames
     ("05_train_red_grpo", "rollout:3"),  # mid-rollout
     ("05_train_red_grpo", "checkpoint:2"),  # the resumed run's second checkpoint, half assembled
     ("07_evaluate", "rollout:4"),  # mid-evaluation
@@ -60,7 +61,7 @@ def _numbers(run) -> dict:
     return out
 
 
-def test_killed_at_seven_points_the_run_ends_as_an_uninterrupted_one(tmp_path):
+def test_killed_at_eight_points_the_run_ends_as_an_uninterrupted_one(tmp_path):
     data = tmp_path / "synth"
     write_dataset(DataConfig(n_train=40, n_val=4, n_test=6, min_steps=2, max_steps=3), data)
     reference = _driver(tmp_path / "ref", data)
@@ -81,11 +82,17 @@ def test_killed_at_seven_points_the_run_ends_as_an_uninterrupted_one(tmp_path):
             cut = [p.name for p in run.rglob("*.tmp") if p.is_dir()]
             assert (cut != []) == fault[1].startswith("checkpoint"), (fault, cut)
             expected_resume[k + 1] = _last_good_step(run, fault[0])
+        if fault[1].startswith("publish:"):  # neither folder has the name; the old one waits aside
+            ckpt = run / fault[0] / "ckpt_sft"
+            aside = sorted(ckpt.glob(".last.old-*"))
+            assert len(aside) == 1 and not (ckpt / "last").exists() and (ckpt / "last.tmp").is_dir(), fault
+            expected_resume[k + 1] = json.loads((aside[0] / "state.json").read_text())["step"]
     final = _driver(out, data)
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
-    assert sorted(expected_resume) == [2, 3, 5]
+    assert sorted(expected_resume) == [2, 3, 4, 6]
 
     assert not list(run.rglob("*.tmp")), "a temporary file or folder survived"
+    assert not list(run.rglob(".*.old-*")), "a folder moved aside survived"
     trained = [json.loads(x)["step"] for x in (run / "05_train_red_grpo" / "red" / "metrics.jsonl").read_text().splitlines()]
     assert trained == [1, 2, 3]  # no step lost or repeated
     numbers = _numbers(run)

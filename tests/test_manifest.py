@@ -200,3 +200,30 @@ def test_publishing_a_folder_replaces_the_old_one_and_a_cut_keeps_one_whole(tmp_
     monkeypatch.undo()
     assert (dest / "f.txt").read_text() == "new"  # put back
     assert (tmp_path / "best.tmp" / "f.txt").read_text() == "newer"  # the new one, whole, for a rerun
+
+
+def test_a_kill_between_publishings_two_renames_is_undone_by_the_next_start(tmp_path):
+    """SIGKILL at `publish:best` (utils/core/faults.py), after the old folder is moved aside and before
+    the new one takes its name: both folders survive; the next publish of the folder, or a stage's
+    start in its parent (remove_stale_temporaries), puts the old one back, and a later publish then
+    replaces it and leaves nothing aside."""
+    (tmp_path / "ckpt").mkdir()
+    dest = _folder(tmp_path / "ckpt" / "best", "old")
+    _folder(tmp_path / "ckpt" / "best.tmp", "new")
+    code = ("import sys; from pathlib import Path; from utils.core.manifest import publish_dir; "
+            "publish_dir(Path(sys.argv[1]) / 'best.tmp', Path(sys.argv[1]) / 'best')")
+    env = {**os.environ, "REDCODA_FAULT": "publish:best"}
+    env.pop("REDCODA_FAULT_STAGE", None)
+    proc = subprocess.run([sys.executable, "-c", code, str(dest.parent)], cwd=ROOT, env=env, start_new_session=True,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    left = sorted(p.name for p in dest.parent.iterdir())
+    assert left[0].startswith(".best.old-") and left[1:] == ["best.tmp"], left  # cut: neither has the name
+
+    mf.remove_stale_temporaries(tmp_path)  # a stage's start: the old folder back, the cut new one gone
+    assert (dest / "f.txt").read_text() == "old" and sorted(p.name for p in dest.parent.iterdir()) == ["best"]
+
+    aside = _folder(tmp_path / "ckpt" / ".best.old-12345", "older")  # a kill after the new one took the name
+    mf.publish_dir(_folder(tmp_path / "ckpt" / "best.tmp", "newest"), dest)
+    assert (dest / "f.txt").read_text() == "newest" and not aside.exists()
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["best"]

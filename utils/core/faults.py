@@ -13,6 +13,8 @@ manifest failed: which of the two happened would depend on which rank got there 
 
 Points: `write:<file name>` (an atomic write, its temporary file complete, before the rename),
 `checkpoint` (a training checkpoint half assembled: weights written, optimizer state not),
+`publish:<folder name>` (`publish_dir` between its two renames: the old folder moved aside, the new
+one not yet in its place),
 `sft_step` (an SFT step's loss computed, the update not applied), `rollout` (an engine poll
 of the agent rollout, in training or evaluation).
 """

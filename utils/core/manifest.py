@@ -115,12 +115,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 def publish_dir(tmp: Path, dest: Path) -> None:
     """Put the finished folder `tmp` in place of `dest`: an existing `dest` is renamed aside first and
     removed only after `tmp` has taken its name, so a kill between the two leaves both folders (the
-    old one as `.<name>.old-<pid>`), never neither; a rename that fails puts the old one back. The
-    one place the project replaces a folder (checkpoints, adapters, data, converted models)."""
+    old one as `.<name>.old-<pid>`), never neither; a rename that fails puts the old one back, and so
+    does the next start after a kill there (`recover_aside`: the next publish of `dest`, or a stage's
+    start in its folder). The one place the project replaces a folder (checkpoints, adapters, data,
+    converted models)."""
+    recover_aside(dest.parent, dest.name)
     aside = dest.with_name(f".{dest.name}.old-{os.getpid()}")
     had = dest.exists()
     if had:
         dest.rename(aside)
+    fault_point(f"publish:{dest.name}")  # the kill-anywhere test cuts here, between the two renames
     try:
         tmp.rename(dest)
     except BaseException:
@@ -130,11 +134,30 @@ def publish_dir(tmp: Path, dest: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def remove_stale_temporaries(folder: Path) -> None:
-    """Delete what a killed writer left in `folder`: atomic writes' `.<name>.*.tmp` files and
-    checkpoints' `<name>.tmp` folders, never read (the caller holds the run lock)."""
+def recover_aside(folder: Path, name: str = "*") -> None:
+    """Undo what a writer killed between `publish_dir`'s two renames left under `folder` (for the
+    folder `name`, or every one): an `.<name>.old-<pid>` whose `<name>` is missing takes its name back,
+    the old folder whole, as it was before the publish began; beside a `<name>` that exists, the new
+    one had taken its place, and the old one is deleted."""
     if not folder.is_dir():
         return
+    for aside in sorted((folder.glob if name != "*" else folder.rglob)(f".{name}.old-*")):
+        dest = aside.with_name(aside.name[1:].rsplit(".old-", 1)[0])
+        if not aside.is_dir() or not aside.name.rsplit(".old-", 1)[1].isdigit():
+            continue
+        if dest.exists():
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            aside.rename(dest)
+
+
+def remove_stale_temporaries(folder: Path) -> None:
+    """Delete what a killed writer left in `folder`: atomic writes' `.<name>.*.tmp` files and
+    checkpoints' `<name>.tmp` folders, never read (the caller holds the run lock); a folder a kill left
+    aside mid-publish is put back first (`recover_aside`)."""
+    if not folder.is_dir():
+        return
+    recover_aside(folder)
     for tmp in folder.rglob("*.tmp"):
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
