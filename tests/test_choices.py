@@ -10,7 +10,7 @@ def test_choice_lists_agree_with_the_registries():
     """Read from the registries' source (utils/core/choices.py registry_names), so they agree unless
     the reader is wrong: this checks the reader against the imported registries."""
     from utils.agent.engines import ENGINES
-    from utils.core import schema
+    from utils.core import choices as schema
     from utils.core.methods import METHODS
     from utils.data.adapters import ADAPTERS
     from utils.reward.scorers import SCORERS
@@ -18,6 +18,7 @@ def test_choice_lists_agree_with_the_registries():
     from utils.agent.retrieval import RETRIEVERS
     from utils.data.trace_sources import TRACE_SOURCES
     from utils.train.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
+    from utils.train.sft_weights import SFT_WEIGHTINGS
 
     assert set(schema.ENGINE_NAMES) == set(ENGINES)
     assert set(schema.LORA_FORWARDS) == set(FORWARDS)
@@ -30,6 +31,7 @@ def test_choice_lists_agree_with_the_registries():
     assert set(schema.ADAPTER_NAMES) == set(ADAPTERS)
     assert set(schema.RETRIEVER_NAMES) == {"none", *RETRIEVERS}
     assert set(schema.TRACE_SOURCE_NAMES) == set(TRACE_SOURCES)
+    assert set(schema.SFT_WEIGHTINGS) == set(SFT_WEIGHTINGS)
     algorithms = {p.stem for p in (CONFIG_DIR / "algorithms").glob("*.yaml")}
     assert algorithms == set(METHODS)
 

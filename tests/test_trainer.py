@@ -195,7 +195,8 @@ def test_non_finite_gradient_or_reward_skips_and_k_in_a_row_stop(hf_engine, prot
 
 @pytest.mark.parametrize("method,has_sft,has_rl", [("red", True, True), ("fixed_sft", True, True),
                                                    ("grpo", False, True), ("sft", True, False),
-                                                   ("rloo", False, True), ("gspo", False, True)])
+                                                   ("rloo", False, True), ("gspo", False, True),
+                                                   ("chord_mu", True, True)])
 def test_methods_are_configs_of_one_trainer(method, has_sft, has_rl, hf_engine, protocol_adapter, tmp_path, base_dir):
     cfg = load_run_config(algorithm=method, overrides=[REGIME_D, "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=2",
                                                        "algorithm.rl.n_samples=2", "algorithm.rl.dump_freq=0"])
@@ -207,6 +208,8 @@ def test_methods_are_configs_of_one_trainer(method, has_sft, has_rl, hf_engine, 
     if method == "red":
         acc = m["red/batch_accuracy"]
         assert m["red/accuracy_factor"] == pytest.approx(5.0 ** (1 - 2 * acc))
+    if method == "chord_mu":  # the first step's μ is the schedule's peak; RED's weights play no part
+        assert m["chord/mu"] == pytest.approx(0.9) and "red/final_weight" not in m
     if method == "gspo":  # one pass per batch: every sequence ratio is exactly 1, nothing clipped
         assert (m["actor/ratio_mean"], m["actor/clip_frac"]) == (1.0, 0.0)
     for k in ("time/weight_sync", "time/update"):

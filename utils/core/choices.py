@@ -80,6 +80,7 @@ LOSS_AGGS = registry_names("utils/train/losses.py", "AGGREGATIONS")
 ADV_SCALINGS = registry_names("utils/train/losses.py", "ADVANTAGES")
 POLICY_LOSS_NAMES = registry_names("utils/train/losses.py", "POLICY_LOSSES")
 POLICY_LOSS_LEVELS = registry_levels("utils/train/losses.py", "POLICY_LOSSES")  # "token" or "sequence"
+SFT_WEIGHTINGS = registry_names("utils/train/sft_weights.py", "SFT_WEIGHTINGS")
 SCORER_NAMES = registry_names("utils/reward/scorers.py", "SCORERS")
 ADAPTER_NAMES = registry_names("utils/data/adapters.py", "ADAPTERS")
 RETRIEVER_NAMES = ("none", *registry_names("utils/agent/retrieval.py", "RETRIEVERS"))  # or no tool

@@ -71,6 +71,9 @@ METHODS: Registry[Method] = Registry("method", {m.name: m for m in (
     Method("gspo", "GSPO: one clipped ratio per sequence, no SFT term", in_study=False),
     Method("red_paper", "RED as its paper's code has it: expert traces inside the GRPO groups, accuracy-aware "
                         "ratio, entropy-change weight on their advantages; no SFT term, no KL", in_study=False),
+    Method("chord_mu", "CHORD-μ: (1 − μ)·GRPO + μ·SFT, μ decaying on a cosine from 0.9 to 0.05", in_study=False),
+    Method("chord_phi", "CHORD-φ: (1 − μ)·GRPO + μ·SFT at μ = 0.1, each SFT token weighted by p·(1 − p)",
+           in_study=False),
 )})
 STUDY = tuple(m.name for m in METHODS.values() if m.in_study)  # `09_driver.py --method all`
 BASE = "base"  # the bare base model, evaluated by 07
@@ -83,11 +86,15 @@ CHECKPOINTS = (*METHODS, SFT_WARMUP, BASE)  # what 07 --checkpoint accepts by na
 
 def defining_flags(alg) -> dict:
     """The settings of an AlgorithmConfig that say which method it is, as (setting, value) by flag:
-    rl and sft on or off, RED weighting on (G > 1) or off (G = 1) where RL has an SFT term, the
-    matched weight, the policy loss, red_paper's offline traces, and RLOO's advantage."""
+    rl and sft on or off, how the SFT term is weighted (RED or CHORD) where RL has one, RED weighting
+    on (G > 1) or off (G = 1), CHORD's φ, the matched weight, the policy loss, red_paper's offline
+    traces, and RLOO's advantage."""
     both = alg.rl.enabled and alg.sft.enabled
+    weighting = alg.sft.weighting if both else None
     return {"rl": ("algorithm.rl.enabled", alg.rl.enabled), "sft": ("algorithm.sft.enabled", alg.sft.enabled),
-            "dynamic": ("algorithm.red.G", alg.red.G > 1 if both else None),
+            "weighting": ("algorithm.sft.weighting", weighting),
+            "dynamic": ("algorithm.red.G", alg.red.G > 1 if weighting == "red" else None),
+            "phi": ("algorithm.chord.phi", alg.chord.phi if weighting == "chord" else None),
             "matched": ("algorithm.sft.match_red", alg.sft.match_red),
             "policy_loss": ("algorithm.rl.policy_loss", alg.rl.policy_loss),
             "offline": ("algorithm.red_paper.offline", alg.red_paper.offline),
@@ -124,6 +131,8 @@ def contradictions_with(alg, m: Method) -> list[str]:
     out = []
     for flag, (key, value) in defining_flags(alg).items():
         want = m.flags[flag]
+        if flag in ("weighting", "phi") and None in (want, value):  # only where both weigh an SFT term
+            continue
         if flag == "dynamic":  # only where both have RL with an SFT term (else rl or sft disagrees)
             if None not in (want, value) and value != want:
                 out.append(f"{key}={alg.red.G} (method '{m.name}' needs " +

@@ -1,4 +1,5 @@
-"""The run config's schema: model, algorithm and data tiers, plus run-level fields.
+"""The run config's schema: model, algorithm and data tiers, plus run-level fields (the algorithm
+tier's sections are in utils/core/algorithm_schema.py).
 
 Each field's `help` is what `--help-config` prints. Stages add fields here, never constants in their
 scripts. Fields with a fixed set of values list them (`choices`, from utils/core/choices.py), so a typo
@@ -8,14 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from utils.core.choices import (DTYPES, ENGINE_NAMES, LORA_SERVING, LORA_FORWARDS, LOSS_AGGS, ADV_SCALINGS, POLICY_LOSS_NAMES,
-                                SCORER_NAMES, ADAPTER_NAMES, RETRIEVER_NAMES, TRAIN_ROLES, INDEPENDENCE_REFS, OFFLINE_SHIFTS,
-                                THINKING_MODES, LEAKAGE_POLICIES, PRIMARY_METRICS, REFILLS, TRACE_SOURCE_NAMES)
-from utils.core.config import CONFIG_DIR, MOVED, field
-
-# a method is its config file (utils/core/methods.py): the names are the files' stems, not a copy
-METHOD_NAMES = tuple(sorted(p.stem for p in (CONFIG_DIR / "algorithms").glob("*.yaml")))
-
+from utils.core.algorithm_schema import (METHOD_NAMES, AlgorithmConfig, ChordConfig, RedConfig,  # noqa: F401
+                                         RedPaperConfig, RlConfig, SftConfig)
+from utils.core.choices import (DTYPES, ENGINE_NAMES, LORA_SERVING, LORA_FORWARDS, SCORER_NAMES, ADAPTER_NAMES,
+                                RETRIEVER_NAMES, TRAIN_ROLES, INDEPENDENCE_REFS, OFFLINE_SHIFTS,  # noqa: F401
+                                THINKING_MODES, LEAKAGE_POLICIES, PRIMARY_METRICS, TRACE_SOURCE_NAMES)
+from utils.core.config import MOVED, field
 
 @dataclass
 class LoraConfig:
@@ -120,110 +119,6 @@ class ModelConfig:
                                                  "the update\").")
     engine: EngineConfig = field(EngineConfig(), "Sampling-engine settings.")
     templates: TemplatesConfig = field(TemplatesConfig(), "Prompt templates; the tag protocol is the same everywhere.")
-
-
-@dataclass
-class SftConfig:
-    enabled: bool = field(True, "Add the SFT cross-entropy term to the RL loss.")
-    loss_coef: float = field(0.1, "alpha: base weight of the SFT term.", minimum=0.0)
-    batch_size: int = field(16, "SFT examples per optimizer step.", minimum=1)
-    match_red: bool = field(False, "matched_sft: multiply loss_coef by the mean red/final_weight of the same "
-                                   "seed's red run (05_train_red_grpo/red must have run).")
-
-
-@dataclass
-class RedConfig:
-    G: float = field(5.0, "Upper bound of the entropy weight, base of the accuracy factor; 1 disables RED.",
-                     minimum=1.0)
-    sft_entropy_ema_decay: float = field(0.99, "EMA decay of the SFT entropy.")
-    rl_entropy_ema_decay: float = field(0.99, "EMA decay of the RL entropy.")
-    accuracy_aware_policy_shift: bool = field(True, "RED Part 2: multiply by G^(1-2*acc).")
-    weight_min: float = field(0.0, "Lower clamp of the final SFT weight.", minimum=0.0)
-    weight_max: float = field(25.0, "Upper clamp of the final SFT weight (G^2 for G=5).")
-
-
-@dataclass
-class RlConfig:
-    enabled: bool = field(True, "Run GRPO; false gives SFT only.")
-    steps: int = field(30, "Optimizer steps.", minimum=0)
-    questions_per_step: int = field(16, "Questions per rollout batch (chosen on val, docs/RESULTS.md).", minimum=1)
-    n_samples: int = field(4, "Samples per question (GRPO group size).", minimum=2)
-    dynamic_sampling: int = field(0, "DAPO's dynamic sampling: drop groups whose answer scores are all equal (zero "
-                                     "advantage) and refill from the next questions, at most this many extra "
-                                     "rounds a step (0 = off). One rank only; not with red_paper.", minimum=0)
-    refill: str = field("rounds", "How dynamic sampling refills: rounds waits for a round's last group, then "
-                                  "draws as many questions as groups were dropped; pipelined starts each "
-                                  "replacement as soon as its dropped group ends, the same questions with the "
-                                  "same seeds, but sharing engine steps with other episodes, so on vLLM not "
-                                  "the same training bit for bit (utils/train/sampler.py, docs/PERFORMANCE.md).",
-                        REFILLS)
-    min_subtasks: int = field(0, "RL questions: only train rows whose gold decomposition has at least this many "
-                                 "subtasks (0 = every row). SFT traces are unaffected (traces.*).", minimum=0)
-    max_subtasks: int = field(0, "RL questions: only train rows whose gold decomposition has at most this many "
-                                 "subtasks (0 = no upper bound).", minimum=0)
-    stratify: bool = field(False, "Draw RL questions in a fixed gold-length mix: each epoch interleaves the "
-                                  "lengths' shuffled rows in proportion, so every step's batch holds about the "
-                                  "pool's mix (utils/core/stream.py). Every row needs a gold decomposition.")
-    temperature: float = field(0.7, "Rollout sampling temperature (chosen on val, docs/RESULTS.md).", minimum=0.0)
-    lr: float = field(1e-4, "Learning rate (regime D's, chosen on val; imperfect_teacher sets 4e-4).", minimum=0.0)
-    lr_warmup_steps: int = field(0, "Linear learning-rate warmup: step s of the first N trains at lr · s / N "
-                                    "(0 = the lr from the first step).", minimum=0)
-    clip_low: float = field(0.2, "PPO clip below 1.", minimum=0.0)
-    clip_high: float = field(0.28, "PPO clip above 1 (clip-higher, as in DAPO).", minimum=0.0)
-    loss_agg: str = field("token-mean", "How per-token losses are averaged (seq-mean: over episodes).", LOSS_AGGS)
-    loss_horizon: int = field(1024, "seq-mean-token-sum-norm's constant divisor of an episode's token sum.", minimum=1)
-    adv_scaling: str = field("none", "Advantage: r - group mean scaled by the group's or batch's std, or not (none = "
-                                     "Dr. GRPO: a 0.1 format gap is not blown up to a correct answer's size; chosen "
-                                     "on val), or rloo (r - mean of the group's other samples).", ADV_SCALINGS)
-    policy_loss: str = field("ppo_clip", "Policy loss: ppo_clip (per-token ratio) or gspo (one clipped "
-                                         "ratio per sequence; method gspo).", POLICY_LOSS_NAMES)
-    tis_cap: float = field(0.0, "Truncated importance sampling: weight each token's policy loss by "
-                                "min(p_trainer / p_sampler, tis_cap), detached (0 = off). For bf16 "
-                                "engines whose probabilities differ from the trainer's; ~1 in fp32 here.", minimum=0.0)
-    mismatch_every: int = field(1, "Ask the sampler for its tokens' log-probs on every Nth step, from the first, "
-                                   "and log rollout/logprob_mismatch on those steps only (0 = never). Training "
-                                   "does not read them unless tis_cap > 0, which asks on every step; on CPU "
-                                   "vLLM they cost about a tenth of a rollout (docs/PERFORMANCE.md).", minimum=0)
-    train_roles: str = field("both", "Whose segments the policy loss trains: both roles share the episode's "
-                                     "advantage (the paper), or only the planner's (the executor keeps its "
-                                     "warmup behaviour, plus the SFT term when on).", TRAIN_ROLES)
-    process_weight: float = field(1.0, "With reward.process on: a planner token's advantage is the episode's plus "
-                                       "this times the discounted sum of its group-normalised step rewards from "
-                                       "its turn on (executor tokens keep the episode's).")
-    process_gamma: float = field(1.0, "Discount of later steps' process rewards.")
-    kl_coef: float = field(0.0, "k3 KL coefficient to the reference: the SFT warmup RL starts from.", minimum=0.0)
-    entropy_coef: float = field(0.0, "beta: entropy bonus.")
-    ppo_epochs: int = field(1, "Optimizer passes per rollout batch.", minimum=1)
-    ppo_minibatches: int = field(1, "Optimizer steps per pass: the batch's episodes split into this many parts "
-                                    "(whole episodes), each with its share of the SFT batch.", minimum=1)
-    weight_decay: float = field(0.0, "AdamW weight decay of the RL optimizer.", minimum=0.0)
-    max_grad_norm: float = field(1.0, "Gradient-norm clip of each RL optimizer step.", minimum=0.0)
-    max_skips_in_a_row: int = field(5, "Stop the run when this many optimizer steps in a row were skipped "
-                                       "for a non-finite loss, gradient or reward (0 = never stop).", minimum=0)
-    save_freq: int = field(10, "Checkpoint every N steps.", minimum=1)
-    keep_last: int = field(2, "Checkpoints kept.", minimum=1)
-    dump_freq: int = field(10, "Dump episodes every N steps.", minimum=0)
-
-
-@dataclass
-class RedPaperConfig:
-    offline: bool = field(False, "red_paper: a question with an expert trace (03's sft_traces.jsonl) has that "
-                                 "trace in place of its group's last rollout, trained through the policy loss "
-                                 "(utils/train/losses.py red_paper_loss).")
-    policy_shift: str = field("accuracy", "The offline tokens' ratio: accuracy (pi / (pi + (1 - pi) * group "
-                                          "accuracy), the paper's accuracy-aware policy shift) or none (pi: an "
-                                          "assumed behaviour probability of 1).", OFFLINE_SHIFTS)
-    entropy_weight_max: float = field(7.0, "Upper clamp of the entropy-change weight on the offline samples' "
-                                           "advantages (the paper's code: 7).")
-
-
-@dataclass
-class AlgorithmConfig:
-    method: str = field("red", "The method's name; its flags below must agree with it.", METHOD_NAMES)
-    rl: RlConfig = field(RlConfig(), "GRPO settings.")
-    sft: SftConfig = field(SftConfig(), "SFT co-training settings.")
-    red: RedConfig = field(RedConfig(), "RED weighting settings.")
-    red_paper: RedPaperConfig = field(RedPaperConfig(), "RED as its paper's code has it (method red_paper).")
 
 
 @dataclass

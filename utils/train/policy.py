@@ -215,16 +215,22 @@ def sft_batch(examples: list[Example], pad_id: int, device="cpu"):
     return ids.to(device), attn.to(device), mask[:, 1:].to(device)
 
 
-def sft_terms(model, batch, with_entropy: bool = False, total=None, chunk_mib: float = 512.0):
+def sft_terms(model, batch, with_entropy: bool = False, total=None, chunk_mib: float = 512.0, phi: bool = False):
     """(token-mean cross-entropy of an `sft_batch`'s masked tokens under `model`, and their token-mean
     entropy if asked, else None): scalars. With `total`, the whole batch's target-token count, both
-    are this piece's shares of the whole batch's means (a micro-batch's, utils/train/update.py)."""
+    are this piece's shares of the whole batch's means (a micro-batch's, utils/train/update.py). With
+    `phi` (CHORD-φ, utils/train/sft_weights.py) each token's NLL is multiplied by sg(p·(1−p)), p its
+    probability; the divisor stays the token count."""
     ids, attn, mask = batch
     logp, ent = forward_logprobs(model, ids, attn, with_entropy=with_entropy, need=mask > 0, chunk_mib=chunk_mib)
-    if total is None:
+    agg = Agg("token-mean", total=total if total is not None else mask.sum().clamp(min=1))
+    nll = -logp
+    if phi:
+        p = logp.detach().exp()
+        nll = nll * p * (1 - p)
+    if total is None and not phi:
         return sft_cross_entropy(logp, mask), (aggregate("token-mean", ent, mask) if with_entropy else None)
-    agg = Agg("token-mean", total=total)
-    return aggregate(agg, -logp, mask), (aggregate(agg, ent, mask) if with_entropy else None)
+    return aggregate(agg, nll, mask), (aggregate(agg, ent, mask) if with_entropy else None)
 
 
 def sft_backward(model, batch, total, memory, scale: float = 1.0, with_entropy: bool = False) -> tuple:

@@ -39,8 +39,8 @@ from utils.core.schema import MemoryConfig
 from utils.train.batch import RlBatch, cut_rows, micro_batches, take_rows
 from utils.train.losses import POLICY_LOSSES, Agg, aggregate, k3_kl, policy_loss
 from utils.train.policy import forward_logprobs, policy_device, sft_terms
-from utils.train.red import red_weights
 from utils.train.red_paper import expert_loss, offline_rows, paper_entropies
+from utils.train.sft_weights import SFT_WEIGHTINGS
 from utils.train.world import SOLO, World
 
 
@@ -147,8 +147,9 @@ class LossTerms:
 
 
 def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, paper, paper_state: dict, memory,
-              tally: Tally) -> tuple[torch.Tensor, torch.Tensor]:
-    """A micro-batch's share of L_GRPO − β·H_rl (+ kl_coef·KL), its stats added to `tally`: (share,
+              tally: Tally, rl_coef: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A micro-batch's share of c·L_GRPO − β·H_rl (+ kl_coef·KL), c the SFT weighting's coefficient of
+    the policy loss (utils/train/sft_weights.py; 1 but for CHORD), its stats added to `tally`: (share,
     this forward's log-probs [rows, T-1]). `old_lp` None: this forward's own, detached. `paper`:
     red_paper's (expert entropy, rollout entropy) over the whole batch, or None to take this piece's
     (the whole batch in one piece), `paper_state` the previous step's."""
@@ -173,7 +174,7 @@ def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, pap
         live = (part.mask.sum(-1) > 0).sum() if sequence_level else part.mask.sum()
         weights = {"clip_frac": live, "ratio_mean": live, "tis_weight_mean": part.mask.sum(),
                    "tis_clip_frac": part.mask.sum()}
-    loss = pg - rl.entropy_coef * h_rl
+    loss = (pg if rl_coef == 1.0 else rl_coef * pg) - rl.entropy_coef * h_rl
     tally.add("actor/pg_loss", pg.item())
     tally.add("actor/rl_entropy", h_rl.item())
     for k, v in pg_stats.items():
@@ -191,10 +192,12 @@ def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, pap
     return loss, logp.detach()
 
 
-def _sft_piece(model, piece: tuple, norms: Norms, weight: float, memory, tally: Tally) -> torch.Tensor:
-    """A micro-batch's share of w·α·L_SFT (the token-mean NLL over the whole SFT batch's targets); its
-    NLL and entropy shares go to `tally` as actor/sft_loss and actor/sft_entropy."""
-    l_sft, h_sft = sft_terms(model, piece, with_entropy=True, total=norms.sft, chunk_mib=memory.logits_chunk_mib)
+def _sft_piece(model, piece: tuple, norms: Norms, weight: float, memory, tally: Tally, phi: bool = False) -> torch.Tensor:
+    """A micro-batch's share of w·α·L_SFT (the token-mean NLL over the whole SFT batch's targets, each
+    token's weighted by sg(p·(1−p)) with `phi`); its NLL and entropy shares go to `tally` as
+    actor/sft_loss and actor/sft_entropy."""
+    l_sft, h_sft = sft_terms(model, piece, with_entropy=True, total=norms.sft, chunk_mib=memory.logits_chunk_mib,
+                             phi=phi)
     tally.add("actor/sft_loss", l_sft.item())
     tally.add("actor/sft_entropy", h_sft.item())
     return weight * l_sft
@@ -215,8 +218,9 @@ def _pieces(batch: RlBatch | None, sft: tuple | None, budget: int) -> list[tuple
 
 def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft: tuple | None, alg, red_state,
                   batch_accuracy: float, ref_lp: torch.Tensor | None = None, paper_state: dict | None = None,
-                  world: World = SOLO, memory: MemoryConfig = MemoryConfig()) -> LossTerms:
-    """Forward and backward of L = L_GRPO − β·H_rl + w·α·L_SFT + kl_coef·KL over the batch, in
+                  world: World = SOLO, memory: MemoryConfig = MemoryConfig(), step: int = 0) -> LossTerms:
+    """Forward and backward of L = c·L_GRPO − β·H_rl + w·α·L_SFT + kl_coef·KL over the batch (c and w
+    from `algorithm.sft.weighting` at the 0-based `step`: 1 and RED's weight by default), in
     micro-batches of `memory.micro_batch_tokens` (utils/train/batch.py): the gradients accumulate in
     the parameters' .grad (the caller zeroes them first and steps after, guard.finish_step). Every
     term is normalised by the whole batch on every rank (`batch_norms`), so the gradient is the
@@ -233,12 +237,9 @@ def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft
     batch's stats, RED's weights included (`Tally`)."""
     norms = batch_norms(batch, sft[2] if sft is not None else None, alg.rl, world)
     tally = Tally()
-    weight = 0.0
+    mix = SFT_WEIGHTINGS.get(alg.sft.weighting)(alg, red_state, batch_accuracy, step)
     if sft is not None:
-        w = red_weights(red_state, batch_accuracy, alg.red.G, alg.red.accuracy_aware_policy_shift,
-                        alg.red.weight_min, alg.red.weight_max)
-        tally.shared.update(w)
-        weight = w["red/final_weight"] * alg.sft.loss_coef
+        tally.shared.update(mix.stats)
     pieces = _pieces(batch, sft, memory.micro_batch_tokens)
     paper = None
     if norms.experts and (len(pieces) > 1 or world.size > 1):
@@ -251,11 +252,11 @@ def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft
             whole = len(rl_rows) == len(batch.adv)
             part, o, r = (batch, old_lp, ref_lp) if whole else take_rows(batch, torch.tensor(rl_rows), old_lp, ref_lp)
             loss, logp = _rl_piece(model, part, o, r, alg, norms, None if whole else torch.tensor(rl_rows), paper,
-                                   paper_state or {}, memory, tally)
+                                   paper_state or {}, memory, tally, mix.rl)
             logp_all[rl_rows, :logp.shape[1]] = logp
         if sft_rows is not None:
             piece = sft if len(sft_rows) == len(sft[0]) else cut_rows(sft_rows, *sft)
-            term = _sft_piece(model, piece, norms, weight, memory, tally)
+            term = _sft_piece(model, piece, norms, mix.sft, memory, tally, mix.phi)
             loss = term if loss is None else loss + term
         if loss.requires_grad:  # a piece without a trained token has nothing to give
             loss.backward()
