@@ -124,6 +124,15 @@ class RedPaperConfig:
 
 
 @dataclass
+class HptConfig:
+    enabled: bool = field(False, "HPT's switch (method hpt, utils/train/hpt.py): a question whose rollouts hold at most "
+                                 "`gate` fully correct answers and that has a demonstration (03's trace) trains that "
+                                 "demonstration with the SFT loss instead of its rollouts; the others train GRPO.")
+    gate: int = field(0, "The most correct rollouts a question may have and still switch to its demonstration.",
+                      minimum=0)
+
+
+@dataclass
 class AlgorithmConfig:
     method: str = field("red", "The method's name; its flags below must agree with it.", METHOD_NAMES)
     rl: RlConfig = field(RlConfig(), "GRPO settings.")
@@ -131,3 +140,4 @@ class AlgorithmConfig:
     red: RedConfig = field(RedConfig(), "RED weighting settings.")
     red_paper: RedPaperConfig = field(RedPaperConfig(), "RED as its paper's code has it (method red_paper).")
     chord: ChordConfig = field(ChordConfig(), "CHORD's μ schedule and φ (algorithm.sft.weighting chord).")
+    hpt: HptConfig = field(HptConfig(), "HPT's per-question switch between SFT and RL (method hpt).")

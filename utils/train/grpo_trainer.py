@@ -38,6 +38,7 @@ from utils.core.errors import StageError
 from utils.core.stream import Cursor, rl_question_key, take
 from utils.train.batch import build_rl_batch, minibatch_rows, sft_parts, take_rows
 from utils.train.guard import SkipStreak, finish_step
+from utils.train.hpt import DemoSwitch
 from utils.train.policy import (batch_logprobs, dropout_active, policy_device, reference_logprobs, sft_backward,
                                 sft_batch)
 from utils.train.questions import rl_strata
@@ -65,11 +66,14 @@ class TrainState:
 
 def active_variants(alg, spec, offline: dict, prm=None) -> list[StepVariant]:
     """The variants a run's config turns on, in hook order: expert traces (algorithm.red_paper.offline,
-    with the traces `offline` read; utils/train/red_paper.py), then process rewards
+    with the traces `offline` read; utils/train/red_paper.py), HPT's switch to demonstrations
+    (algorithm.hpt.enabled, the same traces; utils/train/hpt.py), then process rewards
     (reward.process.source; utils/train/variants.py)."""
     out: list[StepVariant] = []
-    if offline:
+    if alg.red_paper.offline and offline:
         out.append(ExpertTraces(offline, spec, alg.rl.n_samples))
+    if alg.hpt.enabled:
+        out.append(DemoSwitch(offline, alg.hpt.gate, alg.rl.n_samples))
     if spec.process.source != "none":
         out.append(ProcessRewards(spec.process.source, alg.rl, prm))
     return out
@@ -213,15 +217,16 @@ class GrpoTrainer:
         self.model.train()
         return old_lp, ref_lp
 
-    def _update(self, batch, old_lp, accuracy: float, ref_lp=None) -> tuple[dict, int]:
-        """The optimizer step(s) on L_GRPO − β·H + w·α·L_SFT, then the RED state update: (stats, skipped)."""
+    def _update(self, batch, old_lp, accuracy: float, ref_lp=None, chosen_sft: list | None = None) -> tuple[dict, int]:
+        """The optimizer step(s) on L_GRPO − β·H + w·α·L_SFT, then the RED state update: (stats, skipped).
+        `chosen_sft`: this rank's SFT examples where a variant chose them (HPT), else the SFT stream's."""
         sft = None
-        if self.alg.sft.enabled and self.sft_examples:
-            shard = self._sft_examples()
+        if self.alg.sft.enabled and (self.sft_examples or chosen_sft is not None):
+            shard = self._sft_examples() if chosen_sft is None else chosen_sft
             sft = sft_batch(shard, self.pad_id, self.device) if shard else None
         stats, skipped = {}, 0
         red = RedState(**self.state.red)
-        anyone = batch is not None
+        anyone = batch is not None or sft is not None
         if self.world.size > 1:  # a step trains if any rank has sequences to train on
             anyone = self.world.sum(torch.tensor([float(anyone)])).item() > 0
         parts = self.alg.rl.ppo_minibatches
@@ -251,7 +256,8 @@ class GrpoTrainer:
             stats = done[0] if len(done) == 1 else _mean_stats(done)  # each the whole batch's, every rank's
             if skipped:
                 break
-        if "actor/sft_entropy" in stats and not skipped:  # some rank trained SFT rows: every rank folds them
+        if "actor/sft_entropy" in stats and "actor/rl_entropy" in stats and not skipped:  # some rank trained SFT
+            # rows and some RL rows (an HPT step can switch every question to its demonstration): every rank folds
             red = red_update(red, stats["actor/sft_entropy"], stats["actor/rl_entropy"],
                              self.alg.red.sft_entropy_ema_decay, self.alg.red.rl_entropy_ema_decay)
         self.state.red = asdict(red)
@@ -291,7 +297,7 @@ class GrpoTrainer:
         old_lp, ref_lp = self._fixed_logprobs(batch)
         timings["time/logprobs"] = time.time() - t0
         t0 = time.time()
-        stats, skipped = self._update(batch, old_lp, accuracy, ref_lp)
+        stats, skipped = self._update(batch, old_lp, accuracy, ref_lp, data.sft)
         for v in variants:
             v.after_update(stats, skipped, self.state)
             stats.update(v.metrics(data, self.world))

@@ -33,6 +33,7 @@ class StepData:
     replaced: set[int] = field(default_factory=set)  # episodes not trained: another sequence took their place
     extra: list[tuple] = field(default_factory=list)  # (Example, advantage, group accuracy) trained beside them
     bonus: list[list[float]] | None = None  # per episode, per planner turn: added to that turn's advantage
+    sft: list | None = None  # the step's SFT examples, where a variant chooses them (HPT); None: the SFT stream
     notes: dict = field(default_factory=dict)  # what a variant keeps between its hooks within the step
 
 
