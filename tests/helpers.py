@@ -159,7 +159,8 @@ def make_trainer(cfg, engine, adapter, tmp_path, base_dir):
     from utils.agent.rollout import Codec, Rollout, RolloutSpec
     from utils.core.tracking import MetricsLogger
     from utils.reward.spec import RewardSpec
-    from utils.tinyarith.quick import gold_examples, short_chain_rows
+    from utils.agent.traces import gold_examples
+    from utils.tinyarith.quick import short_chain_rows
     from utils.train.grpo_trainer import GrpoTrainer
     from utils.train.policy import load_policy
 

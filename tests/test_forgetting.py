@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from helpers import run_stage
 from utils.core.config import ROOT
@@ -51,21 +52,26 @@ def test_the_warmup_reads_its_demonstrations_far_better_than_the_base_and_an_ide
     assert whole == pytest.approx(table["sft_warmup"], rel=1e-5)
 
 
-def test_all_is_the_token_weighted_mean_of_the_roles(protocol_adapter, base_dir):
+def test_each_roles_nll_and_all_equal_one_pass_over_their_examples(protocol_adapter, base_dir):
+    """Batched by role (4 an example batch), the NLLs equal one whole-set pass of sft_terms: per role,
+    and "all" over both roles' examples at once."""
     from transformers import AutoTokenizer
 
     from utils.agent.rollout import Codec
-    from utils.train.policy import load_policy
+    from utils.agent.traces import gold_examples
+    from utils.train.policy import load_policy, sft_batch, sft_terms
 
     cfg = load_run_config()
     tok = AutoTokenizer.from_pretrained(base_dir)
-    examples = fg.demonstrations(short_chain_rows(5), Codec(tok, cfg.model.templates))
+    examples = gold_examples(short_chain_rows(5), Codec(tok, cfg.model.templates))
     assert {e.role for e in examples} == {"planner", "executor"}
     model = load_policy(base_dir, cfg.model.lora, adapter=protocol_adapter, trainable=False)
     nll = fg.nll_by_role(model, examples, tok.pad_token_id, batch=4)
-    tokens = {r: sum(sum(e.mask[1:]) for e in examples if e.role == r) for r in ("planner", "executor")}
-    mean = sum(nll[r] * tokens[r] for r in tokens) / sum(tokens.values())
-    assert nll["all"] == pytest.approx(mean, rel=1e-5)
+    with torch.no_grad():
+        for role in ("planner", "executor"):
+            whole = sft_terms(model, sft_batch([e for e in examples if e.role == role], tok.pad_token_id))[0].item()
+            assert nll[role] == pytest.approx(whole, rel=1e-5)
+        assert nll["all"] == pytest.approx(sft_terms(model, sft_batch(examples, tok.pad_token_id))[0].item(), rel=1e-5)
 
 
 def test_the_command_reads_the_runs_own_demonstrations_and_held_out_gold_ones(prepared, protocol_adapter):

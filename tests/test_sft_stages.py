@@ -167,7 +167,7 @@ def test_sft_changes_every_lora_parameter_and_no_base_weight(base_dir, tmp_path)
     """TRL-style: train briefly, then every trainable (LoRA) tensor moved and no base weight did."""
     from utils.agent.rollout import Codec
     from utils.core.schema import LoraConfig, TemplatesConfig, WarmupConfig
-    from utils.tinyarith.quick import gold_examples
+    from utils.agent.traces import gold_examples
     from utils.train.policy import load_policy
     from utils.train.sft_trainer import SftLoop
     from utils.data.synthetic import generate_rows
@@ -259,7 +259,7 @@ def test_sft_skips_non_finite_steps_and_stops_after_k_in_a_row(base_dir, tmp_pat
     from utils.agent.rollout import Codec
     from utils.core.schema import LoraConfig, TemplatesConfig, WarmupConfig
     from utils.core.stages import StageError
-    from utils.tinyarith.quick import gold_examples
+    from utils.agent.traces import gold_examples
     from utils.train.policy import load_policy
     from utils.data.synthetic import generate_rows
 
@@ -361,7 +361,7 @@ def test_patience_stops_after_validations_without_a_better_one_and_a_resume_stay
     resumed stopped run trains no more."""
     from utils.agent.rollout import Codec
     from utils.core.schema import LoraConfig, TemplatesConfig, WarmupConfig
-    from utils.tinyarith.quick import gold_examples
+    from utils.agent.traces import gold_examples
     from utils.train.policy import load_policy
     from utils.train.sft_trainer import SftLoop
     from utils.data.synthetic import generate_rows

@@ -275,6 +275,17 @@ def examples_from_trace(trace: Trace, codec: Codec, context: str | None = None) 
     return episode_sequences(episode_from_trace(trace, codec, context))
 
 
+def gold_examples(rows: list[dict], codec: Codec, search=None) -> list[Example]:
+    """Training examples from gold traces of prepared rows (rows without a decomposition are skipped);
+    `search` runs lookup steps' searches (see `trace_from_row`)."""
+    out = []
+    for row in rows:
+        trace, _ = trace_from_row(row, "gold", search)
+        if trace is not None:
+            out += examples_from_trace(trace, codec, row.get("context"))
+    return out
+
+
 def trace_from_episode(ep: Episode) -> tuple[Trace, list[Example]]:
     """A teacher episode kept by rejection sampling: its texts, and examples over its exact ids."""
     planner = [s for s in ep.segments if s.role == PLANNER]

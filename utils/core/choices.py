@@ -22,33 +22,35 @@ _ROOT = Path(__file__).resolve().parents[2]
 def registry_names(module: str, variable: str, root: Path = _ROOT) -> tuple[str, ...]:
     """The names of the `Registry(what, {...})` assigned to `variable` in `module` (a path from the
     repository root), in source order, without importing the module."""
-    for node in _body(root / module):
-        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-        if any(isinstance(t, ast.Name) and t.id == variable for t in targets):
-            names = _literal_names(node.value)
-            if names is None:
-                raise ValueError(f"{module}:{node.lineno}: {variable} must be Registry(what, {{'name': entry, ...}}) or "
-                                 f"Registry(what, {{x.name: x for x in (Kind('name', ...), ...)}}) so that the config "
-                                 f"schema can read its names without importing it (utils/core/choices.py)")
-            return names
-    raise ValueError(f"{module}: no top-level assignment to {variable} (utils/core/choices.py reads its names there)")
+    node = _assignment(module, variable, root)
+    names = _literal_names(node.value)
+    if names is None:
+        raise ValueError(f"{module}:{node.lineno}: {variable} must be Registry(what, {{'name': entry, ...}}) or "
+                         f"Registry(what, {{x.name: x for x in (Kind('name', ...), ...)}}) so that the config "
+                         f"schema can read its names without importing it (utils/core/choices.py)")
+    return names
 
 
 def registry_levels(module: str, variable: str, root: Path = _ROOT) -> dict[str, str]:
     """For a registry whose entries are `(function, "level")` tuples, like `POLICY_LOSSES`: each name's
     level string, read from the source as `registry_names` reads the names."""
+    node = _assignment(module, variable, root)
+    entries = node.value.args[1] if isinstance(node.value, ast.Call) and len(node.value.args) == 2 else None
+    levels = {k.value: v.elts[-1].value for k, v in zip(entries.keys, entries.values)
+              if isinstance(v, ast.Tuple) and isinstance(v.elts[-1], ast.Constant)} \
+        if isinstance(entries, ast.Dict) else {}
+    if set(levels) != set(registry_names(module, variable, root)):
+        raise ValueError(f"{module}:{node.lineno}: every entry of {variable} must be (function, \"level\") "
+                         f"so that the config can read its level without importing it (utils/core/choices.py)")
+    return levels
+
+
+def _assignment(module: str, variable: str, root: Path):
+    """The top-level assignment to `variable` in `module`'s source."""
     for node in _body(root / module):
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
-                isinstance(t, ast.Name) and t.id == variable
-                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])):
-            entries = node.value.args[1] if isinstance(node.value, ast.Call) and len(node.value.args) == 2 else None
-            levels = {k.value: v.elts[-1].value for k, v in zip(entries.keys, entries.values)
-                      if isinstance(v, ast.Tuple) and isinstance(v.elts[-1], ast.Constant)} \
-                if isinstance(entries, ast.Dict) else {}
-            if set(levels) != set(registry_names(module, variable, root)):
-                raise ValueError(f"{module}:{node.lineno}: every entry of {variable} must be (function, \"level\") "
-                                 f"so that the config can read its level without importing it (utils/core/choices.py)")
-            return levels
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == variable for t in targets):
+            return node
     raise ValueError(f"{module}: no top-level assignment to {variable} (utils/core/choices.py reads it there)")
 
 

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from utils.agent.rollout import Codec
-from utils.agent.traces import examples_from_trace, read_trace_examples, trace_from_row
+from utils.agent.traces import gold_examples, read_trace_examples
 from utils.core.config import repo_path
 from utils.core.io import read_records
 from utils.core.methods import BASE, SFT_WARMUP
@@ -35,34 +35,27 @@ from utils.core.stages import recorded_config
 ROLES = ("planner", "executor")
 
 
-def demonstrations(rows: list[dict], codec) -> list:
-    """The training examples of each row's gold demonstration (rows without a decomposition skipped)."""
-    out = []
-    for row in rows:
-        trace, _ = trace_from_row(row, "gold")
-        if trace is not None:
-            out += examples_from_trace(trace, codec, row.get("context"))
-    return out
-
-
 def nll_by_role(model, examples: list, pad_id: int, batch: int = 32) -> dict[str, float]:
-    """Token-mean NLL of the examples' trained tokens under `model`, per role and over all ("all")."""
+    """Token-mean NLL of the examples' trained tokens under `model`, per role and over all ("all"):
+    each example's forward runs once, in its role's batches, and "all" is the roles' token-weighted mean."""
     import torch
 
     from utils.train.policy import policy_device, sft_batch, sft_terms
 
-    out = {}
-    for role in (*ROLES, "all"):
-        chosen = [e for e in examples if role == "all" or e.role == role]
-        total = sum(sum(e.mask[1:]) for e in chosen)  # the next-token targets sft_batch trains
-        if not total:
+    out, tokens = {}, {}
+    for role in ROLES:
+        chosen = [e for e in examples if e.role == role]
+        tokens[role] = sum(sum(e.mask[1:]) for e in chosen)  # the next-token targets sft_batch trains
+        if not tokens[role]:
             continue
         nll = 0.0
         with torch.no_grad():
             for i in range(0, len(chosen), batch):
                 part = sft_batch(chosen[i:i + batch], pad_id, policy_device(model))
-                nll += sft_terms(model, part, total=torch.tensor(float(total)))[0].item()
+                nll += sft_terms(model, part, total=torch.tensor(float(tokens[role])))[0].item()
         out[role] = nll
+    if out:
+        out["all"] = sum(out[r] * tokens[r] for r in out) / sum(tokens[r] for r in out)
     return out
 
 
@@ -86,7 +79,7 @@ def forgetting(rows: list[dict], run: Path, batch: int = 32) -> dict[str, dict[s
     cfg = recorded_config(run / "04_sft_warmup")
     base = repo_path(cfg.model.path)
     tok = AutoTokenizer.from_pretrained(base)
-    sets = {"gold": demonstrations(rows, Codec(tok, cfg.model.templates))}
+    sets = {"gold": gold_examples(rows, Codec(tok, cfg.model.templates))}
     if not sets["gold"]:
         raise SystemExit(f"forgetting: no row of the split has a gold decomposition ({run})")
     own = run / "03_generate_sft_traces" / "sft_traces.jsonl"

@@ -43,19 +43,6 @@ def quick_sft(model, examples: list[Example], steps: int, lr: float, batch_size:
     return losses
 
 
-def gold_examples(rows: list[dict], codec, search=None) -> list[Example]:
-    """Training examples from gold traces of prepared rows (rows without a decomposition are skipped);
-    `search` runs lookup steps' searches (see utils.agent.traces.trace_from_row)."""
-    from utils.agent.traces import examples_from_trace, trace_from_row
-
-    out = []
-    for row in rows:
-        trace, _ = trace_from_row(row, "gold", search)
-        if trace is not None:
-            out += examples_from_trace(trace, codec, row.get("context"))
-    return out
-
-
 def train_gold_adapter(base_path: Path, out_dir: Path, n_rows: int = 400, steps: int = 150, batch_size: int = 16,
                        seed: int = 0) -> Path:
     """A quickly SFT-trained protocol-following LoRA adapter on synthetic gold traces. Batches of 16
@@ -68,6 +55,7 @@ def train_gold_adapter(base_path: Path, out_dir: Path, n_rows: int = 400, steps:
     from transformers import AutoTokenizer
 
     from utils.agent.rollout import Codec
+    from utils.agent.traces import gold_examples
     from utils.core.schema import LoraConfig, TemplatesConfig
     from utils.train.policy import load_policy
 
@@ -90,6 +78,7 @@ def train_lookup_adapter(base_path: Path, rows: list[dict], search, out_dir: Pat
     from transformers import AutoTokenizer
 
     from utils.agent.rollout import Codec
+    from utils.agent.traces import gold_examples
     from utils.core.schema import LoraConfig, TemplatesConfig
     from utils.train.policy import load_policy
 

@@ -223,13 +223,13 @@ def sft_terms(model, batch, with_entropy: bool = False, total=None, chunk_mib: f
     probability; the divisor stays the token count."""
     ids, attn, mask = batch
     logp, ent = forward_logprobs(model, ids, attn, with_entropy=with_entropy, need=mask > 0, chunk_mib=chunk_mib)
+    if total is None and not phi:
+        return sft_cross_entropy(logp, mask), (aggregate("token-mean", ent, mask) if with_entropy else None)
     agg = Agg("token-mean", total=total if total is not None else mask.sum().clamp(min=1))
     nll = -logp
     if phi:
         p = logp.detach().exp()
         nll = nll * p * (1 - p)
-    if total is None and not phi:
-        return sft_cross_entropy(logp, mask), (aggregate("token-mean", ent, mask) if with_entropy else None)
     return aggregate(agg, nll, mask), (aggregate(agg, ent, mask) if with_entropy else None)
 
 
