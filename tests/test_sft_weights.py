@@ -59,7 +59,7 @@ def test_chords_mu_rises_then_falls_on_a_half_cosine_to_its_valley():
 def test_red_weighting_is_reds_weight_times_alpha_and_leaves_the_policy_loss_whole():
     alg = load_run_config(algorithm="red").algorithm
     mix = SFT_WEIGHTINGS.get("red")(alg, RED, 0.4, 3)
-    assert mix.rl == 1.0 and not mix.phi
+    assert mix.rl == 1.0 and mix.token_weight == "none"
     assert mix.sft == pytest.approx(mix.stats["red/final_weight"] * 0.1)
     assert mix.stats["red/accuracy_factor"] == pytest.approx(5.0 ** (1 - 0.8))
 
@@ -67,7 +67,7 @@ def test_red_weighting_is_reds_weight_times_alpha_and_leaves_the_policy_loss_who
 def test_phi_weighs_each_tokens_nll_by_its_detached_p_times_one_minus_p(base_dir):
     model = random_lora(base_dir)
     ids, attn, mask = _sft_batch()
-    nll, _ = sft_terms(model, (ids, attn, mask), phi=True)
+    nll, _ = sft_terms(model, (ids, attn, mask), token_weight="phi")
     nll.backward()
     got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
@@ -97,7 +97,7 @@ def test_chords_update_is_one_minus_mu_of_grpos_plus_mu_of_the_sft_terms(method,
     terms, g = _grads(model, batch, old, sft, alg, step)
     _, g_rl = _grads(model, batch, old, None, alg, step)  # the policy loss alone, already × (1 − μ)
     model.zero_grad(set_to_none=True)
-    nll, _ = sft_terms(model, sft, phi=c.phi)
+    nll, _ = sft_terms(model, sft, token_weight="phi" if c.phi else "none")
     nll.backward()
     g_sft = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     for n in g:

@@ -1,5 +1,6 @@
 """The algorithm tier's part of the run config's schema (utils/core/schema.py holds the rest): the RL
-step, the SFT term and how it is weighted (RED, CHORD), and red_paper's settings.
+step, the SFT term and how it is weighted (RED, CHORD, SRFT), and the peers' settings (red_paper, HPT,
+SRFT).
 
 A method is its config file, configs/algorithms/<name>.yaml (utils/core/methods.py): the names are
 the files' stems, not a copy.
@@ -133,6 +134,16 @@ class HptConfig:
 
 
 @dataclass
+class SrftConfig:
+    enabled: bool = field(False, "SRFT (method srft, utils/train/srft.py): demonstrations inside the groups with LUFFY's "
+                                 "shaped ratio, the same demonstrations' SFT term weighted by exp(−H), and rollouts "
+                                 "trained by REINFORCE with c·exp(H) when right and −1 when wrong.")
+    positive_coef: float = field(0.1, "c: a right rollout's advantage is c·exp(H), H its sequence's mean entropy.",
+                                 minimum=0.0)
+    shape: float = field(0.1, "γ of the demonstrations' shaped ratio p / (p + γ) (LUFFY's 0.1).", minimum=1e-6)
+
+
+@dataclass
 class AlgorithmConfig:
     method: str = field("red", "The method's name; its flags below must agree with it.", METHOD_NAMES)
     rl: RlConfig = field(RlConfig(), "GRPO settings.")
@@ -141,3 +152,4 @@ class AlgorithmConfig:
     red_paper: RedPaperConfig = field(RedPaperConfig(), "RED as its paper's code has it (method red_paper).")
     chord: ChordConfig = field(ChordConfig(), "CHORD's μ schedule and φ (algorithm.sft.weighting chord).")
     hpt: HptConfig = field(HptConfig(), "HPT's per-question switch between SFT and RL (method hpt).")
+    srft: SrftConfig = field(SrftConfig(), "SRFT's entropy-weighted single-stage SFT and RL (method srft).")

@@ -134,15 +134,15 @@ def read_regime(name: str) -> dict:
 def check_process(cfg: RunConfig) -> None:
     """Process rewards give planner tokens their own advantages: only a policy loss registered at the
     token level takes them (utils/train/losses.py POLICY_LOSSES: GSPO's ratio is per sequence), and
-    red_paper's expert sequences have no planner turns of their own."""
-    if cfg.reward.process.source == "none" or not cfg.algorithm.rl.enabled:
+    red_paper's expert sequences have no planner turns of their own; SRFT sets its own advantages."""
+    alg = cfg.algorithm
+    if cfg.reward.process.source == "none" or not alg.rl.enabled:
         return
-    if POLICY_LOSS_LEVELS[cfg.algorithm.rl.policy_loss] != "token" or cfg.algorithm.red_paper.offline:
+    if POLICY_LOSS_LEVELS[alg.rl.policy_loss] != "token" or alg.red_paper.offline or alg.srft.enabled:
         raise ConfigError(f"reward.process.source={cfg.reward.process.source} needs per-token advantages, which "
-                          f"method '{cfg.algorithm.method}' does not take (policy_loss "
-                          f"{cfg.algorithm.rl.policy_loss}, red_paper.offline "
-                          f"{str(cfg.algorithm.red_paper.offline).lower()}); use it with red, grpo, fixed_sft, "
-                          f"matched_sft or rloo")
+                          f"method '{alg.method}' does not take (policy_loss {alg.rl.policy_loss}, red_paper.offline "
+                          f"{str(alg.red_paper.offline).lower()}, srft.enabled {str(alg.srft.enabled).lower()}); "
+                          f"use it with red, grpo, fixed_sft, matched_sft or rloo")
 
 
 def check_minibatches(cfg: RunConfig) -> None:

@@ -23,7 +23,8 @@ from utils.core.tensors import pad
 class RlBatch:
     """Padded training sequences of one rollout batch. ids/mask/sampler_lp [S, T]; adv [S]; `episode`
     [S] the episode (or expert trace) each sequence came from; with red_paper, `offline` [S] marks
-    expert sequences and `accuracy` [S] is their group's accuracy."""
+    expert sequences and `accuracy` [S] is their group's accuracy; `correct` [S] whether the
+    sequence's episode answered right (SRFT's rollout advantage reads it; expert sequences: true)."""
 
     ids: torch.Tensor
     attn: torch.Tensor
@@ -35,6 +36,7 @@ class RlBatch:
     accuracy: torch.Tensor | None = None  # [S]
     token_adv: torch.Tensor | None = None  # [S, T-1]: with process rewards, per-token advantages
     episode: torch.Tensor | None = None  # [S] long
+    correct: torch.Tensor | None = None  # [S] bool
 
     def to(self, device) -> "RlBatch":
         """The batch with every tensor on `device` (the policy's)."""
@@ -66,13 +68,14 @@ class _Sequence:
 
 
 def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int, roles: str = "both",
-                   offline: list[tuple] = (), turn_bonus: list[list[float]] | None = None) -> RlBatch | None:
+                   offline: list[tuple] = (), turn_bonus: list[list[float]] | None = None,
+                   correct: list[bool] | None = None) -> RlBatch | None:
     """Every trained sequence of the episodes (utils/agent/episode.py) whose role `roles` selects
     ("both", "planner", "executor"), each with its episode's advantage, then the `offline`
     (Example, advantage, group accuracy) expert sequences of red_paper; None if no sequence has a
     trained token. Expert sequences have no sampler: their sampler log-probs are 0. With
     `turn_bonus` (per episode, per planner turn: process rewards) the batch carries per-token
-    advantages (`token_adv`)."""
+    advantages (`token_adv`). `correct` (per episode) fills the batch's `correct`."""
     if roles not in TRAIN_ROLES:
         raise ValueError(f"roles must be {', '.join(TRAIN_ROLES[:-1])} or {TRAIN_ROLES[-1]}, got {roles!r}")
     bonus = turn_bonus or [[] for _ in episodes]
@@ -87,10 +90,13 @@ def build_rl_batch(episodes: list[Episode], adv: torch.Tensor, pad_id: int, role
     sampled = all(s.ex.logprobs is not None for s in seqs if s.accuracy is None)  # rollout sequences only
     lp = pad([s.ex.logprobs or [0.0] * len(s.ex.ids) for s in seqs], 0.0, torch.float)[0] if sampled else None
     token_adv = pad([s.token_adv for s in seqs], 0.0, torch.float)[0][:, 1:] if turn_bonus is not None else None
+    right = (torch.tensor([s.accuracy is not None or bool(correct[s.episode]) for s in seqs])
+             if correct is not None else None)
     # position t of ids is predicted from position t-1: shift the token-aligned mask and log-probs
     return RlBatch(ids, attn, mask[:, 1:], lp[:, 1:] if lp is not None else None, torch.tensor([s.adv for s in seqs]),
                    [s.ex.role for s in seqs], torch.tensor([s.accuracy is not None for s in seqs]),
-                   torch.tensor([s.accuracy or 0.0 for s in seqs]), token_adv, torch.tensor([s.episode for s in seqs]))
+                   torch.tensor([s.accuracy or 0.0 for s in seqs]), token_adv, torch.tensor([s.episode for s in seqs]),
+                   right)
 
 
 def minibatch_rows(batch: RlBatch, parts: int) -> list[torch.Tensor]:

@@ -36,6 +36,7 @@ from utils.agent.rollout import Rollout
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
 from utils.core.errors import StageError
 from utils.core.stream import Cursor, rl_question_key, take
+from utils.reward.scorers import is_correct
 from utils.train.batch import build_rl_batch, minibatch_rows, sft_parts, take_rows
 from utils.train.guard import SkipStreak, finish_step
 from utils.train.hpt import DemoSwitch
@@ -46,6 +47,7 @@ from utils.train.red import RedState, red_update
 from utils.train.red_paper import ExpertTraces
 from utils.train.sampler import (DynamicSampler, SampledBatch, batch_accuracy, group_advantages,
                                  zero_variance_fraction)
+from utils.train.srft import DemoGroups
 from utils.train.update import Tally, red_grpo_loss
 from utils.train.variants import ProcessRewards, StepData, StepVariant
 from utils.train.world import SOLO, World
@@ -67,13 +69,16 @@ class TrainState:
 def active_variants(alg, spec, offline: dict, prm=None) -> list[StepVariant]:
     """The variants a run's config turns on, in hook order: expert traces (algorithm.red_paper.offline,
     with the traces `offline` read; utils/train/red_paper.py), HPT's switch to demonstrations
-    (algorithm.hpt.enabled, the same traces; utils/train/hpt.py), then process rewards
+    (algorithm.hpt.enabled, the same traces; utils/train/hpt.py), SRFT's demonstrations in the groups
+    (algorithm.srft.enabled; utils/train/srft.py), then process rewards
     (reward.process.source; utils/train/variants.py)."""
     out: list[StepVariant] = []
     if alg.red_paper.offline and offline:
         out.append(ExpertTraces(offline, spec, alg.rl.n_samples))
     if alg.hpt.enabled:
         out.append(DemoSwitch(offline, alg.hpt.gate, alg.rl.n_samples))
+    if alg.srft.enabled and offline:
+        out.append(DemoGroups(offline, spec, alg.rl.n_samples))
     if spec.process.source != "none":
         out.append(ProcessRewards(spec.process.source, alg.rl, prm))
     return out
@@ -292,7 +297,8 @@ class GrpoTrainer:
             v.extend(data, adv)
         kept = [i for i in range(len(episodes)) if i not in data.replaced]
         batch = build_rl_batch([episodes[i] for i in kept], adv[kept], self.pad_id, rl.train_roles, data.extra,
-                               [data.bonus[i] for i in kept] if data.bonus is not None else None)
+                               [data.bonus[i] for i in kept] if data.bonus is not None else None,
+                               [is_correct(scored[i]["answer"]) for i in kept])
         batch = batch.to(self.device) if batch is not None else None
         old_lp, ref_lp = self._fixed_logprobs(batch)
         timings["time/logprobs"] = time.time() - t0

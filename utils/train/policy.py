@@ -215,21 +215,29 @@ def sft_batch(examples: list[Example], pad_id: int, device="cpu"):
     return ids.to(device), attn.to(device), mask[:, 1:].to(device)
 
 
-def sft_terms(model, batch, with_entropy: bool = False, total=None, chunk_mib: float = 512.0, phi: bool = False):
+def sft_terms(model, batch, with_entropy: bool = False, total=None, chunk_mib: float = 512.0,
+              token_weight: str = "none"):
     """(token-mean cross-entropy of an `sft_batch`'s masked tokens under `model`, and their token-mean
     entropy if asked, else None): scalars. With `total`, the whole batch's target-token count, both
-    are this piece's shares of the whole batch's means (a micro-batch's, utils/train/update.py). With
-    `phi` (CHORD-φ, utils/train/sft_weights.py) each token's NLL is multiplied by sg(p·(1−p)), p its
-    probability; the divisor stays the token count."""
+    are this piece's shares of the whole batch's means (a micro-batch's, utils/train/update.py).
+    `token_weight` (utils/train/sft_weights.py) multiplies each token's NLL by a detached weight, the
+    divisor staying the token count: `phi` (CHORD-φ) p·(1−p), p the token's probability; `entropy`
+    (SRFT) exp(−H), H the mean entropy of the token's own sequence over its target tokens."""
     ids, attn, mask = batch
-    logp, ent = forward_logprobs(model, ids, attn, with_entropy=with_entropy, need=mask > 0, chunk_mib=chunk_mib)
-    if total is None and not phi:
+    need_ent = with_entropy or token_weight == "entropy"
+    logp, ent = forward_logprobs(model, ids, attn, with_entropy=need_ent, need=mask > 0, chunk_mib=chunk_mib)
+    if total is None and token_weight == "none":
         return sft_cross_entropy(logp, mask), (aggregate("token-mean", ent, mask) if with_entropy else None)
     agg = Agg("token-mean", total=total if total is not None else mask.sum().clamp(min=1))
     nll = -logp
-    if phi:
+    if token_weight == "phi":
         p = logp.detach().exp()
         nll = nll * p * (1 - p)
+    elif token_weight == "entropy":
+        h = (ent.detach() * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]: each sequence's mean entropy
+        nll = nll * (-h).exp()[:, None]
+    elif token_weight != "none":
+        raise ValueError(f"token_weight must be none, phi or entropy, got {token_weight!r}")
     return aggregate(agg, nll, mask), (aggregate(agg, ent, mask) if with_entropy else None)
 
 

@@ -96,7 +96,8 @@ def build_trainer(cfg, adapter: Path, traces: Path, train_path: Path, spec_path:
     engine = make_engine(cfg.model.engine.name, base, cfg.model.engine, cfg.seed, remote)
     rollout = Rollout(engine, Codec(tok, cfg.model.templates), RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature),
                       run_retriever(cfg))
-    offline = read_offline_samples(traces) if cfg.algorithm.red_paper.offline or cfg.algorithm.hpt.enabled else {}
+    alg = cfg.algorithm
+    offline = read_offline_samples(traces) if alg.red_paper.offline or alg.hpt.enabled or alg.srft.enabled else {}
     spec = read_spec(spec_path)
     trainer = GrpoTrainer(cfg, model, engine, rollout, spec, questions, read_trace_examples(traces),
                           tok.pad_token_id, out, logger, config_sha, offline, world)

@@ -1,7 +1,7 @@
 """How a step weighs its SFT term against its policy loss (`algorithm.sft.weighting`): one registered
 function a scheme, from (the algorithm config, RED's state, the step's batch accuracy, the step's
-0-based index) to an `SftWeight`: the policy loss's coefficient, the SFT term's, whether each SFT
-token's NLL is weighted by sg(p·(1−p)), and what the step logs. utils/train/update.py applies it; a
+0-based index) to an `SftWeight`: the policy loss's coefficient, the SFT term's, how each SFT
+token's NLL is weighted (utils/train/policy.py sft_terms), and what the step logs. utils/train/update.py applies it; a
 new scheme is an entry here (its name is read by the schema from this file) and its test.
 
 - `red` (red, fixed_sft, matched_sft, sft): L_GRPO + w·α·L_SFT, w RED's final weight
@@ -13,6 +13,10 @@ new scheme is an entry here (its name is read by the schema from this file) and 
   sg(p·(1 − p)), p the token's probability, and still divided by the token count. Only the policy
   loss takes (1 − μ): the entropy bonus and the KL stay as they are, as Trinity adds them outside
   its policy loss. docs/METHODS.md names where this departs from the paper's runs.
+- `srft` (SRFT, Fu et al. 2025, arXiv 2506.19767, as the HPT authors' released trainer runs it):
+  L_policy + α·L_SFT, each demonstration token's NLL multiplied by sg(exp(−H)), H the mean entropy
+  of its own sequence (α = 0.5 in configs/algorithms/srft.yaml: the released 0.5·exp(−H)). Its
+  policy loss on the rollouts is SRFT's own (utils/train/srft.py).
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from utils.train.red import RedState, red_weights
 class SftWeight:
     rl: float  # the policy loss's coefficient
     sft: float  # the SFT term's
-    phi: bool = False  # weigh each SFT token's NLL by sg(p·(1 − p))
+    token_weight: str = "none"  # each SFT token's NLL × sg(p·(1 − p)) (phi) or sg(exp(−H_seq)) (entropy)
     stats: dict = field(default_factory=dict)
 
 
@@ -55,10 +59,16 @@ def chord(alg, red_state: RedState, batch_accuracy: float, step: int) -> SftWeig
     if not 0.0 <= mu <= 1.0:
         raise ValueError(f"algorithm.chord: μ = {mu} at step {step} is outside [0, 1] (mu_peak {c.mu_peak}, "
                          f"mu_valley {c.mu_valley})")
-    return SftWeight(1.0 - mu, mu * alg.sft.loss_coef, c.phi, {"chord/mu": mu, "chord/sft_weight": mu * alg.sft.loss_coef})
+    return SftWeight(1.0 - mu, mu * alg.sft.loss_coef, "phi" if c.phi else "none",
+                     {"chord/mu": mu, "chord/sft_weight": mu * alg.sft.loss_coef})
+
+
+def srft(alg, red_state: RedState, batch_accuracy: float, step: int) -> SftWeight:  # noqa: ARG001
+    return SftWeight(1.0, alg.sft.loss_coef, "entropy")
 
 
 SFT_WEIGHTINGS: Registry[Callable[..., SftWeight]] = Registry("SFT weighting", {
     "red": red,
     "chord": chord,
+    "srft": srft,
 })

@@ -41,6 +41,7 @@ from utils.train.losses import POLICY_LOSSES, Agg, aggregate, k3_kl, policy_loss
 from utils.train.policy import forward_logprobs, policy_device, sft_terms
 from utils.train.red_paper import expert_loss, offline_rows, paper_entropies
 from utils.train.sft_weights import SFT_WEIGHTINGS
+from utils.train.srft import srft_loss
 from utils.train.world import SOLO, World
 
 
@@ -163,7 +164,10 @@ def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, pap
     rollout_mask = part.mask * (1 - off) if norms.experts else part.mask
     h_rl = aggregate(Agg("token-mean", total=norms.rollout), ent, rollout_mask)
     agg = _agg(rl, part, norms, rows)
-    if norms.experts:  # red_paper's expert rows somewhere in the batch (utils/train/red_paper.py)
+    if alg.srft.enabled:  # SRFT's policy loss (utils/train/srft.py)
+        pg, pg_stats, weights = srft_loss(part, logp, ent, agg, alg.srft.positive_coef, alg.srft.shape)
+        pg_stats, weights = ({f"srft/{k}": v for k, v in d.items()} for d in (pg_stats, weights))
+    elif norms.experts:  # red_paper's expert rows somewhere in the batch (utils/train/red_paper.py)
         pg, pg_stats, weights = expert_loss(part, logp, old_lp, ent, h_rl.item(), norms, agg, alg, paper, paper_state,
                                             tally)
     else:
@@ -178,7 +182,7 @@ def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, pap
     tally.add("actor/pg_loss", pg.item())
     tally.add("actor/rl_entropy", h_rl.item())
     for k, v in pg_stats.items():
-        name = f"red_paper/{k}" if k == "offline_ratio_mean" else f"actor/{k}"
+        name = k if "/" in k else f"red_paper/{k}" if k == "offline_ratio_mean" else f"actor/{k}"
         tally.add(name, v, weights[k].item())
     if part.sampler_lp is not None:  # a step that asked the sampler (algorithm.rl.mismatch_every)
         mismatch = ((old_lp - part.sampler_lp).abs() * rollout_mask).sum() / norms.rollout
@@ -192,12 +196,13 @@ def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, pap
     return loss, logp.detach()
 
 
-def _sft_piece(model, piece: tuple, norms: Norms, weight: float, memory, tally: Tally, phi: bool = False) -> torch.Tensor:
+def _sft_piece(model, piece: tuple, norms: Norms, weight: float, memory, tally: Tally,
+               token_weight: str = "none") -> torch.Tensor:
     """A micro-batch's share of w·α·L_SFT (the token-mean NLL over the whole SFT batch's targets, each
-    token's weighted by sg(p·(1−p)) with `phi`); its NLL and entropy shares go to `tally` as
-    actor/sft_loss and actor/sft_entropy."""
+    token's weighted as `token_weight` says: utils/train/policy.py sft_terms); its NLL and entropy
+    shares go to `tally` as actor/sft_loss and actor/sft_entropy."""
     l_sft, h_sft = sft_terms(model, piece, with_entropy=True, total=norms.sft, chunk_mib=memory.logits_chunk_mib,
-                             phi=phi)
+                             token_weight=token_weight)
     tally.add("actor/sft_loss", l_sft.item())
     tally.add("actor/sft_entropy", h_sft.item())
     return weight * l_sft
@@ -242,7 +247,7 @@ def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft
         tally.shared.update(mix.stats)
     pieces = _pieces(batch, sft, memory.micro_batch_tokens)
     paper = None
-    if norms.experts and (len(pieces) > 1 or world.size > 1):
+    if norms.experts and not alg.srft.enabled and (len(pieces) > 1 or world.size > 1):
         paper = paper_entropies(model, batch, norms, memory, world)
     logp_all = torch.zeros_like(batch.mask) if batch is not None else None
     total = torch.zeros((), device=policy_device(model))
@@ -256,7 +261,7 @@ def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft
             logp_all[rl_rows, :logp.shape[1]] = logp
         if sft_rows is not None:
             piece = sft if len(sft_rows) == len(sft[0]) else cut_rows(sft_rows, *sft)
-            term = _sft_piece(model, piece, norms, mix.sft, memory, tally, mix.phi)
+            term = _sft_piece(model, piece, norms, mix.sft, memory, tally, mix.token_weight)
             loss = term if loss is None else loss + term
         if loss.requires_grad:  # a piece without a trained token has nothing to give
             loss.backward()
