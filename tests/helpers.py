@@ -77,6 +77,16 @@ def run_stage(stage: str, outputs: Path, *args: str) -> int:
     return run_main(stage, lambda: mod.main(argv))
 
 
+def run_rl_stage(stage: str, outputs: Path, *args: str, default: str = "red") -> int:
+    """05 or 06 in this process on run id "t" under `outputs`, as `run_stage` runs the others (their
+    scripts are only a call of utils/train/rl_stage.py run_rl_stage); its exit code."""
+    from utils.core.stages import run_main
+    from utils.train.rl_stage import run_rl_stage as run
+
+    argv = ["--set", f"outputs_dir={outputs}", "--run_id", "t", *args]
+    return run_main(stage, lambda: run(stage, "", argv, default_algorithm=default))
+
+
 def manifest(outputs: Path, stage: str) -> dict:
     return json.loads((outputs / "t" / stage / "manifest.json").read_text())
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from utils.core.choices import (ADV_SCALINGS, LOSS_AGGS, OFFLINE_SHIFTS, POLICY_LOSS_NAMES, REFILLS, SFT_WEIGHTINGS,
-                                TRAIN_ROLES)
+from utils.core.choices import (ADV_SCALINGS, LOSS_AGGS, OFFLINE_SHIFTS, POLICY_LOSS_NAMES, REFILLS, RL_INITS,
+                                SFT_WEIGHTINGS, TRAIN_ROLES)
 from utils.core.config import CONFIG_DIR, field
 
 METHOD_NAMES = tuple(sorted(p.stem for p in (CONFIG_DIR / "algorithms").glob("*.yaml")))
@@ -75,6 +75,12 @@ class RlConfig:
     lr: float = field(1e-4, "Learning rate (regime D's, chosen on val; imperfect_teacher sets 4e-4).", minimum=0.0)
     lr_warmup_steps: int = field(0, "Linear learning-rate warmup: step s of the first N trains at lr · s / N "
                                     "(0 = the lr from the first step).", minimum=0)
+    lr_decay_start: int = field(0, "Step where a cosine decay of the lr to final_lr_ratio · lr begins (0: right after "
+                                   "the warmup); the warmup's schedule (utils/train/schedule.py).", minimum=0)
+    final_lr_ratio: float = field(1.0, "The lr at the last step as a share of lr (1: constant after the warmup).",
+                                  minimum=0.0)
+    init: str = field("warmup", "Where RL starts: warmup, 04's adapter (every SFT→RL method), or base, a fresh LoRA "
+                                "on the bare base model (joint: SFT and RL together from the start).", RL_INITS)
     clip_low: float = field(0.2, "PPO clip below 1.", minimum=0.0)
     clip_high: float = field(0.28, "PPO clip above 1 (clip-higher, as in DAPO).", minimum=0.0)
     loss_agg: str = field("token-mean", "How per-token losses are averaged (seq-mean: over episodes).", LOSS_AGGS)
@@ -98,7 +104,8 @@ class RlConfig:
                                        "this times the discounted sum of its group-normalised step rewards from "
                                        "its turn on (executor tokens keep the episode's).")
     process_gamma: float = field(1.0, "Discount of later steps' process rewards.")
-    kl_coef: float = field(0.0, "k3 KL coefficient to the reference: the SFT warmup RL starts from.", minimum=0.0)
+    kl_coef: float = field(0.0, "k3 KL coefficient to the reference: the SFT warmup RL starts from (not with init "
+                                "base).", minimum=0.0)
     entropy_coef: float = field(0.0, "beta: entropy bonus.")
     ppo_epochs: int = field(1, "Optimizer passes per rollout batch.", minimum=1)
     ppo_minibatches: int = field(1, "Optimizer steps per pass: the batch's episodes split into this many parts "

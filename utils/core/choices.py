@@ -89,6 +89,7 @@ RETRIEVER_NAMES = ("none", *registry_names("utils/agent/retrieval.py", "RETRIEVE
 TRACE_SOURCE_NAMES = registry_names("utils/data/trace_sources.py", "TRACE_SOURCES")
 TRAIN_ROLES = ("both", "planner", "executor")  # utils/train/batch.py build_rl_batch
 REFILLS = ("rounds", "pipelined")  # utils/train/sampler.py DynamicSampler
+RL_INITS = ("warmup", "base")  # utils/train/rl_stage.py build_trainer
 INDEPENDENCE_REFS = (r"\b(it|its|this|that|these|those|above|previous|prior|earlier|last|same|former|latter)\b"
                      r"|\bthe (result|answer|output|value)s?\b|\bstep\s*\d+|#\d+|<result>")
 OFFLINE_SHIFTS = ("accuracy", "none")  # utils/train/losses.py offline_ratio

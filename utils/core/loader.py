@@ -5,7 +5,9 @@
    the embedded task was tuned with (configs/data/synthetic_arith.yaml);
 3. the regime, configs/regimes/<regime>.yaml: run-level settings of a named experimental regime
    (how the demonstrations are made, what 08 tests, how RL samples). A data tier's `run:` names
-   its default; a run-level YAML or `--set regime=NAME` picks another;
+   its default; a run-level YAML or `--set regime=NAME` picks another. The method's own
+   `algorithm.rl` settings then go over the regime's: they are what the method is (`joint`'s steps
+   and learning-rate schedule), where the regime's are the setting every method shares;
 4. the optional run-level YAML (`--config`);
 5. the `--set` overrides.
 
@@ -43,6 +45,7 @@ def config_from_layers(layers: list[tuple[str, dict]]) -> RunConfig:
         raise ConfigError(f"algorithm.method '{cfg.algorithm.method}' contradicts {'; '.join(problems)}{hint}")
     check_process(cfg)
     check_minibatches(cfg)
+    check_init(cfg)
     check_lora_rank(cfg)
     check_run_id(cfg.run_id)
     return cfg
@@ -76,7 +79,12 @@ def config_layers(model: str = "tiny-arith", algorithm: str = "red", data: str =
     apply_overrides(set_tree, overrides, RunConfig)
     regime = _chosen_regime([t for _, t in tier_runs], run_tree, set_tree)
     if regime:
-        layers.append((_shown(tier_path("regimes", regime)), read_regime(regime)))
+        regime_tree = read_regime(regime)
+        layers.append((_shown(tier_path("regimes", regime)), regime_tree))
+        regime_rl = (regime_tree.get("algorithm") or {}).get("rl") or {}
+        method_rl = {k: v for k, v in (tiers[1][1]["algorithm"].get("rl") or {}).items() if k in regime_rl}
+        if method_rl:  # the method's own RL settings over the regime's
+            layers.append((f"{tiers[1][0]} (over the regime)", {"algorithm": {"rl": method_rl}}))
     if run:
         layers.append((run, run_tree))
     if overrides:
@@ -143,6 +151,18 @@ def check_process(cfg: RunConfig) -> None:
                           f"method '{alg.method}' does not take (policy_loss {alg.rl.policy_loss}, red_paper.offline "
                           f"{str(alg.red_paper.offline).lower()}, srft.enabled {str(alg.srft.enabled).lower()}); "
                           f"use it with red, grpo, fixed_sft, matched_sft or rloo")
+
+
+def check_init(cfg: RunConfig) -> None:
+    """RL from the base (algorithm.rl.init base) has no warmup adapter to serve as the KL reference or
+    as the process-reward judge."""
+    alg = cfg.algorithm
+    if alg.rl.init != "base":
+        return
+    if alg.rl.kl_coef > 0 or cfg.reward.process.source == "judge":
+        raise ConfigError(f"algorithm.rl.init=base with algorithm.rl.kl_coef={alg.rl.kl_coef} and reward.process.source="
+                          f"{cfg.reward.process.source}: the KL reference and the judge are the SFT warmup's adapter, "
+                          f"which a run from the base does not read; set kl_coef=0 and no judge, or init=warmup")
 
 
 def check_minibatches(cfg: RunConfig) -> None:

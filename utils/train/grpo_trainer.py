@@ -47,6 +47,7 @@ from utils.train.red import RedState, red_update
 from utils.train.red_paper import ExpertTraces
 from utils.train.sampler import (DynamicSampler, SampledBatch, batch_accuracy, group_advantages,
                                  zero_variance_fraction)
+from utils.train.schedule import warmup_cosine
 from utils.train.srft import DemoGroups
 from utils.train.update import Tally, red_grpo_loss
 from utils.train.variants import ProcessRewards, StepData, StepVariant
@@ -164,9 +165,10 @@ class GrpoTrainer:
     # ------------------------------------------------------------ one step
     def _set_lr(self) -> float:
         """The coming step's learning rate: rl.lr, ramped linearly over the first rl.lr_warmup_steps
-        steps (step s of N trains at lr · s / N)."""
+        steps (step s of N trains at lr · s / N), then constant, or from rl.lr_decay_start down a
+        cosine to rl.final_lr_ratio · lr at the last step (the warmup's schedule)."""
         rl = self.alg.rl
-        lr = rl.lr * min(1.0, (self.state.step + 1) / rl.lr_warmup_steps) if rl.lr_warmup_steps else rl.lr
+        lr = rl.lr * warmup_cosine(self.state.step, rl.lr_warmup_steps, rl.steps, rl.final_lr_ratio, rl.lr_decay_start)
         for group in self.opt.param_groups:
             group["lr"] = lr
         return lr
@@ -317,7 +319,7 @@ class GrpoTrainer:
                 dump_episodes(dumped, self.out / "episodes" / f"step_{self.state.step}.jsonl")
         return _step_metrics(self.state.step, everyone, [s["reward"] for s in everyone], accuracy, rl.n_samples,
                              skipped, None if mismatch is None else float(mismatch),
-                             {**stats, **sampled.metrics, **timings, **({"actor/lr": lr} if rl.lr_warmup_steps else {})})
+                             {**stats, **sampled.metrics, **timings, **({"actor/lr": lr} if rl.lr_warmup_steps or rl.final_lr_ratio != 1 else {})})
 
     def asks_sampler(self) -> bool:
         """Whether this step's rollouts carry the sampler's log-probs: TIS weighs every step's tokens

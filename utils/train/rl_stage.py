@@ -49,16 +49,21 @@ def mean_final_weight(history: list[dict]) -> float | None:
     return sum(weights) / len(weights) if weights else None
 
 
-def _inputs(run: StageRun, cfg) -> tuple[Path, Path, Path, Path]:
-    """(SFT adapter, sft_traces.jsonl, train.jsonl, reward_spec.yaml), recorded as the run's inputs."""
-    sft_dir, _ = parent(run, cfg, "04_sft_warmup")
+def _inputs(run: StageRun, cfg) -> tuple[Path | None, Path, Path, Path]:
+    """(SFT adapter, sft_traces.jsonl, train.jsonl, reward_spec.yaml), recorded as the run's inputs. The
+    adapter is None where RL starts from the base (algorithm.rl.init base: 04 is not read)."""
+    adapter = None
+    if cfg.algorithm.rl.init == "warmup":
+        sft_dir, _ = parent(run, cfg, "04_sft_warmup")
+        adapter = sft_dir / "ckpt_sft" / "best"  # selected by val accuracy
     traces_dir, _ = parent(run, cfg, "03_generate_sft_traces")
     _, prepared = parent(run, cfg, "01_prepare_dataset")
     rewards_dir, _ = parent(run, cfg, "02_build_rewards")
-    paths = (sft_dir / "ckpt_sft" / "best",  # selected by val accuracy
-             traces_dir / "sft_traces.jsonl", output_path(prepared, "/train.jsonl"), rewards_dir / "reward_spec.yaml")
+    paths = (adapter, traces_dir / "sft_traces.jsonl", output_path(prepared, "/train.jsonl"),
+             rewards_dir / "reward_spec.yaml")
     for p in paths:
-        run.add_input(p)
+        if p is not None:
+            run.add_input(p)
     return paths
 
 
@@ -75,10 +80,11 @@ def _match_red(run: StageRun, cfg) -> float:
     return mean
 
 
-def build_trainer(cfg, adapter: Path, traces: Path, train_path: Path, spec_path: Path, out: Path, logger,
+def build_trainer(cfg, adapter: Path | None, traces: Path, train_path: Path, spec_path: Path, out: Path, logger,
                   config_sha: str, world: World = SOLO):
-    """The RL trainer of `cfg`'s method, starting from the SFT `adapter`, with its sampling engine
-    (`trainer.engine`); also what benchmarks/step_profile.py times."""
+    """The RL trainer of `cfg`'s method, starting from the SFT `adapter` (None: a fresh LoRA on the base,
+    algorithm.rl.init base), with its sampling engine (`trainer.engine`); also what
+    benchmarks/step_profile.py times."""
     import torch
 
     from utils.agent.engines import make_engine

@@ -1,4 +1,4 @@
-"""Learning-rate schedules shared by the tiny-arith pretraining and the SFT warmup."""
+"""Learning-rate schedules shared by the tiny-arith pretraining, the SFT warmup and the RL stage."""
 from __future__ import annotations
 
 import math

@@ -4,7 +4,7 @@ backward in micro-batches, every term normalised by the whole batch on every ran
 
 L_GRPO is the configured policy loss (PPO-clip, or GSPO's sequence-level ratio; utils/train/losses.py
 POLICY_LOSSES), optionally importance-weighted against the sampler (TIS), or red_paper's loss when
-the batch holds expert sequences; w is RED's weight (utils/train/red.py). The step around it (roll
+the batch holds expert sequences, or SRFT's (utils/train/srft.py) for method srft; w is RED's weight (utils/train/red.py). The step around it (roll
 out, score, advantages, this update, the RED state, the engine's new adapter) is the loop's,
 utils/train/grpo_trainer.py.
 
