@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_stage, set_args, sft_args
+from helpers import run_rl_stage, run_stage, set_args, sft_args
 from utils.core import schema
 from utils.core.config import ROOT
 
@@ -88,13 +88,7 @@ STAGE_ARGS = {"04_sft_warmup": sft_args(set_args("warmup.steps=2", "warmup.save_
 
 
 def _run(stage: str, out: Path, *args: str) -> int:
-    if stage != "05_train_red_grpo":
-        return run_stage(stage, out, *args)
-    from utils.core.stages import run_main
-    from utils.train.rl_stage import run_rl_stage
-
-    argv = ["--set", f"outputs_dir={out}", "--run_id", "t", *args]
-    return run_main(stage, lambda: run_rl_stage(stage, "", argv, default_algorithm="red"))
+    return run_rl_stage(stage, out, *args) if stage == "05_train_red_grpo" else run_stage(stage, out, *args)
 
 
 def _slice(out: Path, stage: str) -> dict:

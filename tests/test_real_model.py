@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import run_stage, set_args
+from helpers import run_rl_stage, run_stage, set_args
 
 pytestmark = pytest.mark.slow
 
@@ -59,12 +59,7 @@ def real_run(real_model, tmp_path_factory):
 
 def _grpo_step(outputs, *flags: str) -> int:
     """06_ablate_grpo_only in this process (the script has no main(): it calls the shared RL stage)."""
-    from utils.core.stages import run_main
-    from utils.train.rl_stage import run_rl_stage
-
-    stage = "06_ablate_grpo_only"
-    argv = ["--set", f"outputs_dir={outputs}", "--run_id", "t", *flags]
-    return run_main(stage, lambda: run_rl_stage(stage, "", argv, default_algorithm="grpo"))
+    return run_rl_stage("06_ablate_grpo_only", outputs, *flags, default="grpo")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from helpers import REGIME_D, make_trainer, manifest, run_stage, set_args
+from helpers import REGIME_D, make_trainer, manifest, run_rl_stage, run_stage, set_args
 from utils.agent.rollout import Codec
 from utils.core.loader import load_run_config
 
@@ -255,12 +255,7 @@ def test_dropout_is_seen_in_modules_and_in_the_config(base_dir):
 
 
 def _run_05(out, *args: str) -> int:
-    """05 in this process, as run_stage runs the others (05's script is only a call of run_rl_stage)."""
-    from utils.core.stages import run_main
-    from utils.train.rl_stage import run_rl_stage
-
-    argv = ["--set", f"outputs_dir={out}", "--run_id", "t", *args]
-    return run_main("05_train_red_grpo", lambda: run_rl_stage("05_train_red_grpo", "", argv, default_algorithm="red"))
+    return run_rl_stage("05_train_red_grpo", out, *args)
 
 
 RL_SHORT = set_args(REGIME_D, "model.engine.name=hf", "algorithm.rl.steps=2", "algorithm.rl.questions_per_step=2",

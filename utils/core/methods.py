@@ -75,6 +75,8 @@ METHODS: Registry[Method] = Registry("method", {m.name: m for m in (
     Method("chord_phi", "CHORD-φ: (1 − μ)·GRPO + μ·SFT at μ = 0.1, each SFT token weighted by p·(1 − p)",
            in_study=False),
     Method("hpt", "HPT: per question, SFT on its demonstration when no rollout is right, else GRPO", in_study=False),
+    Method("relift", "ReLIFT: GRPO; questions no rollout solves wait in a buffer, and when it is full their "
+                     "demonstrations take an SFT step of their own", in_study=False),
     Method("joint", "RED co-training from the base model, no warmup: SFT and RL together from the first step, at "
                     "the SFT→RL path's optimizer steps and demonstrations", in_study=False),
     Method("srft", "SRFT: demonstrations in the groups (shaped ratio) and as SFT weighted by exp(−H); rollouts by "
@@ -93,7 +95,7 @@ def defining_flags(alg) -> dict:
     """The settings of an AlgorithmConfig that say which method it is, as (setting, value) by flag:
     rl and sft on or off, how the SFT term is weighted (RED or CHORD) where RL has one, RED weighting
     on (G > 1) or off (G = 1), CHORD's φ, the matched weight, the policy loss, red_paper's offline
-    traces, HPT's switch, SRFT, where RL starts (the warmup or the base), and RLOO's advantage."""
+    traces, HPT's switch, SRFT, ReLIFT's buffer, where RL starts (the warmup or the base), and RLOO's advantage."""
     both = alg.rl.enabled and alg.sft.enabled
     weighting = alg.sft.weighting if both else None
     return {"rl": ("algorithm.rl.enabled", alg.rl.enabled), "sft": ("algorithm.sft.enabled", alg.sft.enabled),
@@ -102,6 +104,7 @@ def defining_flags(alg) -> dict:
             "phi": ("algorithm.chord.phi", alg.chord.phi if weighting == "chord" else None),
             "switch": ("algorithm.hpt.enabled", alg.hpt.enabled),
             "srft": ("algorithm.srft.enabled", alg.srft.enabled),
+            "buffer": ("algorithm.relift.enabled", alg.relift.enabled),
             "init": ("algorithm.rl.init", alg.rl.init),
             "matched": ("algorithm.sft.match_red", alg.sft.match_red),
             "policy_loss": ("algorithm.rl.policy_loss", alg.rl.policy_loss),

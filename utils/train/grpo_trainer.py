@@ -45,6 +45,7 @@ from utils.train.policy import (batch_logprobs, dropout_active, policy_device, r
 from utils.train.questions import rl_strata
 from utils.train.red import RedState, red_update
 from utils.train.red_paper import ExpertTraces
+from utils.train.relift import HardBuffer, demo_step
 from utils.train.sampler import (DynamicSampler, SampledBatch, batch_accuracy, group_advantages,
                                  zero_variance_fraction)
 from utils.train.schedule import warmup_cosine
@@ -61,17 +62,19 @@ class TrainState:
     sft: Cursor = field(default_factory=Cursor)  # the (seed, "s", epoch)-shuffled SFT example stream
     red: dict = field(default_factory=lambda: asdict(RedState()))
     red_paper: dict = field(default_factory=dict)  # red_paper: the previous step's entropies (h_sft, h_rl)
+    relift: list = field(default_factory=list)  # ReLIFT's buffer: question ids, newest first
 
     @classmethod
     def from_json(cls, d: dict) -> "TrainState":
         return cls(**{**d, "questions": Cursor(**d["questions"]), "sft": Cursor(**d["sft"])})
 
 
-def active_variants(alg, spec, offline: dict, prm=None) -> list[StepVariant]:
+def active_variants(alg, spec, offline: dict, prm=None, state: TrainState | None = None) -> list[StepVariant]:
     """The variants a run's config turns on, in hook order: expert traces (algorithm.red_paper.offline,
     with the traces `offline` read; utils/train/red_paper.py), HPT's switch to demonstrations
     (algorithm.hpt.enabled, the same traces; utils/train/hpt.py), SRFT's demonstrations in the groups
-    (algorithm.srft.enabled; utils/train/srft.py), then process rewards
+    (algorithm.srft.enabled; utils/train/srft.py), ReLIFT's buffer of failed questions (algorithm.relift,
+    kept in `state`; utils/train/relift.py), then process rewards
     (reward.process.source; utils/train/variants.py)."""
     out: list[StepVariant] = []
     if alg.red_paper.offline and offline:
@@ -80,6 +83,8 @@ def active_variants(alg, spec, offline: dict, prm=None) -> list[StepVariant]:
         out.append(DemoSwitch(offline, alg.hpt.gate, alg.rl.n_samples))
     if alg.srft.enabled and offline:
         out.append(DemoGroups(offline, spec, alg.rl.n_samples))
+    if alg.relift.enabled:
+        out.append(HardBuffer(offline, alg.relift.buffer_size, alg.rl.n_samples, state or TrainState()))
     if spec.process.source != "none":
         out.append(ProcessRewards(spec.process.source, alg.rl, prm))
     return out
@@ -99,6 +104,9 @@ class GrpoTrainer:
         params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=self.alg.rl.lr, weight_decay=self.alg.rl.weight_decay)
         self.state = TrainState()
+        if self.alg.relift.enabled and world.size > 1:
+            raise StageError(f"algorithm.relift needs one rank (this run has {world.size}): each rank's buffer would "
+                             f"fill at its own step, and its SFT step would leave the others behind")
         if self.alg.rl.dynamic_sampling and world.size > 1:
             raise StageError(f"algorithm.rl.dynamic_sampling={self.alg.rl.dynamic_sampling} needs one rank (this "
                              f"run has {world.size}): its refill rounds draw questions from a stream the ranks "
@@ -110,7 +118,7 @@ class GrpoTrainer:
     def variants(self) -> list:
         """The step's active variants (utils/train/variants.py), from the config, red_paper's expert
         traces (`offline`) and the judge (`prm`) as they are now."""
-        return active_variants(self.alg, self.spec, self.offline, self.prm)
+        return active_variants(self.alg, self.spec, self.offline, self.prm, self.state)
 
     # ------------------------------------------------------------ checkpoints
     def save(self) -> Path:
@@ -306,6 +314,8 @@ class GrpoTrainer:
         timings["time/logprobs"] = time.time() - t0
         t0 = time.time()
         stats, skipped = self._update(batch, old_lp, accuracy, ref_lp, data.sft)
+        if "relift_demos" in data.notes:  # ReLIFT's own SFT step on its full buffer
+            stats.update(demo_step(self, data.notes["relift_demos"]))
         for v in variants:
             v.after_update(stats, skipped, self.state)
             stats.update(v.metrics(data, self.world))

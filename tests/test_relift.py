@@ -1,0 +1,79 @@
+"""ReLIFT (utils/train/relift.py): the buffer of failed questions by hand, the method's config, and the
+real trainer taking its SFT step when the buffer fills, the buffer surviving a checkpoint."""
+import json
+import math
+
+import pytest
+import torch
+
+from helpers import make_trainer
+from utils.agent.traces import OfflineSample, examples_from_trace, trace_from_row
+from utils.core.config import ConfigError
+from utils.core.loader import load_run_config
+from utils.reward.spec import RewardSpec
+from utils.train.grpo_trainer import TrainState, active_variants
+from utils.train.relift import HardBuffer
+from utils.train.variants import StepData
+
+
+def _step(groups: dict[str, list[float]]) -> StepData:
+    rows = [{"id": q} for q in groups]
+    scored = [{"answer": a} for answers in groups.values() for a in answers]
+    return StepData(rows, [None] * len(scored), scored, [0.0] * len(scored))
+
+
+def test_failed_questions_wait_newest_first_and_leave_by_the_buffers_size():
+    demos = {q: OfflineSample([f"{q}a", f"{q}b"], "1", []) for q in ("q0", "q1", "q3")}
+    state = TrainState()
+    buffer = HardBuffer(demos, size=3, n=2, state=state)
+    assert buffer.answers({"id": "q0"}, [0.0, 0.5]) == [0.0, 0.5]  # a group dynamic sampling drops: judged as is
+    step = _step({"q1": [1.0, 0.0], "q3": [0.0, 0.0], "q2": [0.0, 0.0]})  # q2 has no demonstration
+    buffer.regroup(step)
+    assert state.relift == ["q0", "q3"] and step.sft == [] and "relift_demos" not in step.notes
+    step = _step({"q1": [0.5, 0.0]})
+    buffer.regroup(step)  # the third failed question fills it: all three leave, their demonstrations trained
+    assert state.relift == [] and step.notes["relift_demos"] == ["q1a", "q1b", "q0a", "q0b", "q3a", "q3b"]
+    assert buffer.metrics(step, None) == {"relift/buffer": 0, "relift/sft_step": 1.0}
+    buffer = HardBuffer(demos, size=2, n=2, state=state)
+    buffer.answers({"id": "q0"}, [0.0, 0.0])
+    buffer.answers({"id": "q1"}, [0.0, 0.0])
+    step = _step({"q3": [0.0, 0.0]})
+    buffer.regroup(step)  # three wait, two leave: the newest (this step's, in the order judged), one stays
+    assert step.notes["relift_demos"] == ["q0a", "q0b", "q1a", "q1b"] and state.relift == ["q3"]
+
+
+def test_relift_is_its_own_method_and_turns_on_its_variant():
+    alg = load_run_config(algorithm="relift").algorithm
+    assert alg.relift.enabled and alg.relift.buffer_size == 4 and alg.sft.loss_coef == 1.0
+    assert [type(v) for v in active_variants(alg, RewardSpec(), {"q1": object()})] == [HardBuffer]
+    with pytest.raises(ConfigError, match="relift.enabled=true"):
+        load_run_config(algorithm="fixed_sft", overrides=["algorithm.relift.enabled=true"])
+
+
+def test_the_trainer_takes_an_sft_step_when_the_buffer_fills_and_keeps_it_in_its_checkpoint(
+        hf_engine, protocol_adapter, tmp_path, base_dir):
+    """Every question has its gold trace but a gold answer no rollout can give: every group fails, so a
+    buffer of 3 fills at every step of 4 questions and its SFT step runs after the RL update."""
+    cfg = load_run_config(algorithm="relift", overrides=[
+        "algorithm.rl.steps=2", "algorithm.rl.questions_per_step=4", "algorithm.rl.n_samples=2",
+        "algorithm.rl.dump_freq=0", "algorithm.rl.save_freq=1", "algorithm.rl.dynamic_sampling=0",
+        "algorithm.relift.buffer_size=3"])
+    trainer = make_trainer(cfg, hf_engine, protocol_adapter, tmp_path, base_dir)
+    for row in trainer.rows:
+        trace, _ = trace_from_row(row, "gold")
+        trainer.offline[row["id"]] = OfflineSample(examples_from_trace(trace, trainer.rollout.codec), trace.answer,
+                                                   [t for t, _ in trace.executor_calls])
+        row["answers"] = ["-123456789"]
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    steps = trainer.train()
+    # step 1: 4 fail, 3 leave, 1 waits; step 2: 4 more, 3 leave, 2 wait
+    assert [m["relift/buffer"] for m in steps] == [1, 2] and [m["relift/sft_step"] for m in steps] == [1.0, 1.0]
+    for m in steps:
+        assert m["train/accuracy"] == 0 and m["relift/sft_loss"] > 0 and m["relift/sft_skipped"] == 0
+        assert "actor/sft_loss" not in m and math.isfinite(m["actor/loss"])  # no SFT term inside the RL update
+    after = dict(trainer.model.named_parameters())
+    assert any(not torch.equal(before[n], after[n]) for n in before)  # only the SFT steps had a gradient
+    saved = json.loads((trainer.ckpt_dir / "step_2" / "state.json").read_text())
+    saved.pop("config_sha256")
+    assert saved["relift"] == trainer.state.relift and len(saved["relift"]) == 2
+    assert TrainState.from_json(saved).relift == saved["relift"]
