@@ -328,7 +328,8 @@ def test_pairs_across_runs_are_tested_as_their_own_family(tmp_path):
 
 def test_the_report_names_the_warmup_each_runs_arms_started_from(tmp_path):
     """The caveat reads each run's 04 warmup length from 04's manifest, so a reader sees whether the
-    arms compared methods after SFT or from an early start; a run without a 04 manifest adds nothing."""
+    arms compared methods after SFT or from an early start, and names the arms that started from the
+    bare base (their manifests' algorithm.rl.init); a run without a 04 manifest adds nothing."""
     from utils.eval.compare import load_trainings
     from utils.eval.report import _start_caveat
 
@@ -343,5 +344,14 @@ def test_the_report_names_the_warmup_each_runs_arms_started_from(tmp_path):
                 json.dumps({"stage": "04_sft_warmup", "config": {"warmup": {"steps": steps}}}))
     trainings = load_trainings(sorted(outputs.iterdir()), outputs)
     [line] = _start_caveat(trainings)
-    assert "(04's steps, early: 200; study: 800)" in line and "bare" not in line
+    assert "(04's configured steps, early: 200; study: 800)" in line and "bare" not in line
+    assert "method joint" in line  # no arm from the base: the report says what the seed's claim needs
     assert _start_caveat([t for t in trainings if t.run == "bare"]) == []
+    joint = outputs / "study" / "05_train_red_grpo" / "joint"  # an arm from the base beside the study's
+    joint.mkdir(parents=True)
+    (joint / "metrics.jsonl").write_text('{"step": 1}\n')
+    (joint / "manifest.json").write_text(json.dumps({"stage": "05_train_red_grpo/joint", "config": {
+        "algorithm": {"method": "joint", "rl": {"init": "base"}}}}))
+    warm, base = _start_caveat(load_trainings(sorted(outputs.iterdir()), outputs))
+    assert "The other trained arms" in warm and "early: 200; study: 800" in warm
+    assert base.startswith("- joint started from the bare base") and "seed's claim" in base

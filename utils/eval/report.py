@@ -240,9 +240,16 @@ def _config_section(evals: list[Evaluation], trainings: list[Training], runs: li
 
 
 def _start_caveat(trainings: list[Training]) -> list[str]:
-    """Where the trained arms started: each run's SFT warmup length, from its 04 manifest. The seed's own
-    claim (joint SFT+RL from early on beats SFT -> RL) needs a run from a short warmup, so the report
-    says which start it compares."""
+    """Where the trained arms started: each run's SFT warmup length, from its 04 manifest, and which arms
+    started from the bare base instead (algorithm.rl.init base, from their manifests: `joint`). The
+    seed's own claim (joint SFT+RL from the start beats SFT -> RL) is the comparison of the two, so the
+    report says which starts it compares."""
+    from_base = sorted({t.method for t in trainings
+                        if t.manifest.get("config", {}).get("algorithm", {}).get("rl", {}).get("init") == "base"})
+    trainings = [t for t in trainings if t.method not in from_base]
+    base_line = ([f"- {', '.join(from_base)} started from the bare base with no warmup (algorithm.rl.init base): "
+                  "against the arms from the warmup, they test the seed's claim that SFT and RL trained together "
+                  "from the start beat SFT → RL."] if from_base else [])
     steps: dict[str, set] = {}
     for seed_dir, run in {t.directory.parent.parent: t.run for t in trainings}.items():  # one 04 per seed folder
         warmup = seed_dir / "04_sft_warmup"
@@ -250,11 +257,14 @@ def _start_caveat(trainings: list[Training]) -> list[str]:
             config = read_manifest(warmup).get("config", {})
             steps.setdefault(run, set()).add(config.get("warmup", {}).get("steps"))
     if not steps:
-        return []
+        return base_line
     where = "; ".join(f"{run}: {', '.join(str(n) for n in sorted(v, key=str))}" for run, v in sorted(steps.items()))
-    return [f"- Every trained arm starts from its run's SFT warmup (04's steps, {where}). Arms that all start "
-            "from one warmup compare methods after SFT; the seed's claim that joint SFT+RL from early on beats "
-            "SFT → RL needs a run from a short warmup set against this one (`08_compare_runs.py --across`)."]
+    if from_base:
+        return [f"- The other trained arms start from their run's SFT warmup (04's configured steps, {where}).",
+                *base_line]
+    return [f"- Every trained arm starts from its run's SFT warmup (04's configured steps, {where}). Arms that "
+            "all start from one warmup compare methods after SFT; the seed's claim that joint SFT+RL from the "
+            "start beats SFT → RL needs an arm from the base (method joint) beside them."]
 
 
 _FAMILY_WORDS = {"control": ", tested alone as the positive control", "red": " among the comparisons with red",
