@@ -247,8 +247,9 @@ def _start_caveat(trainings: list[Training]) -> list[str]:
     from_base = sorted({t.method for t in trainings
                         if t.manifest.get("config", {}).get("algorithm", {}).get("rl", {}).get("init") == "base"})
     trainings = [t for t in trainings if t.method not in from_base]
+    they = "it tests" if len(from_base) == 1 else "they test"
     base_line = ([f"- {', '.join(from_base)} started from the bare base with no warmup (algorithm.rl.init base): "
-                  "against the arms from the warmup, they test the seed's claim that SFT and RL trained together "
+                  f"against the arms from the warmup, {they} the seed's claim that SFT and RL trained together "
                   "from the start beat SFT → RL."] if from_base else [])
     steps: dict[str, set] = {}
     for seed_dir, run in {t.directory.parent.parent: t.run for t in trainings}.items():  # one 04 per seed folder
