@@ -68,7 +68,7 @@ def test_08_reads_an_archive_as_it_reads_the_run(tmp_path):
     assert from_archive == from_run and len(from_run) == 9
     tests = lambda r: [line for line in r.splitlines() if line.startswith("| ") and "−" in line]  # noqa: E731
     assert tests(report_archive) == tests(report_run) and tests(report_run)
-    assert "pass@k" in report_archive and "04's steps, study: 800" in report_archive
+    assert "pass@k" in report_archive and "04's configured steps, study: 800" in report_archive
 
 
 def test_seeds_archived_apart_join_and_a_rerun_replaces_only_what_changed(tmp_path):
