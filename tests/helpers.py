@@ -238,3 +238,23 @@ def ragged_rl_batch(offline: bool = False, seed: int = 0):
     off = torch.tensor([False] * 7 + [True, True]) if offline else torch.zeros(9, dtype=torch.bool)
     return RlBatch(ids, attn, mask, sampler, torch.randn(9, generator=g), ["planner", "executor", "executor"] * 3,
                    offline=off, accuracy=torch.rand(9, generator=g), episode=torch.tensor(episode))
+
+
+def random_sft_batch(rows: int, seed: int, max_len: int):
+    """(ids, attn, mask) of `rows` right-padded random sequences of 8 to max_len − 1 tokens, their first
+    four target positions masked as a prompt: an SFT batch for the loss maths."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(8, max_len, (rows,), generator=g).tolist()
+    ids = torch.zeros(rows, max(lengths), dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(3, 90, (n,), generator=g)
+        attn[i, :n] = 1
+    mask = attn[:, 1:].float()
+    mask[:, :4] = 0  # a prompt
+    return ids, attn, mask
+
+
+def assert_close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-5) -> None:
+    """Equal within fp32 summation noise: the largest difference at most `rel` of b's largest entry."""
+    assert (a - b).abs().max().item() <= rel * b.abs().max().item(), ((a - b).abs().max().item(), b.abs().max().item())

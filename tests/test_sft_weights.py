@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from helpers import random_lora, ragged_rl_batch
+from helpers import assert_close, ragged_rl_batch, random_lora, random_sft_batch
 from utils.core.loader import load_run_config
 from utils.core.schema import MemoryConfig
 from utils.train.policy import forward_logprobs, sft_terms
@@ -17,22 +17,8 @@ from utils.train.update import red_grpo_loss
 RED = RedState(ema_sft=1.0, ema_rl=2.0, prev_ema_sft=1.1, prev_ema_rl=2.05, steps=2)  # w_entropy > 1
 
 
-def _sft_batch(rows: int = 6, seed: int = 1):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(8, 30, (rows,), generator=g).tolist()
-    ids = torch.zeros(rows, max(lengths), dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for i, n in enumerate(lengths):
-        ids[i, :n] = torch.randint(3, 90, (n,), generator=g)
-        attn[i, :n] = 1
-    mask = attn[:, 1:].float()
-    mask[:, :4] = 0  # a prompt
-    return ids, attn, mask
-
-
-def _close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-5) -> None:
-    """Equal within fp32 summation noise: the largest difference at most `rel` of b's largest entry."""
-    assert (a - b).abs().max().item() <= rel * b.abs().max().item(), ((a - b).abs().max().item(), b.abs().max().item())
+def _sft_batch():
+    return random_sft_batch(rows=6, seed=1, max_len=30)
 
 
 def _grads(model, batch, old, sft, alg, step: int, budget: int = 0):
@@ -77,7 +63,7 @@ def test_phi_weighs_each_tokens_nll_by_its_detached_p_times_one_minus_p(base_dir
     assert nll.item() == pytest.approx(by_hand.item(), rel=1e-5)
     by_hand.backward()
     for n, g in got.items():
-        _close(g, model.get_parameter(n).grad)
+        assert_close(g, model.get_parameter(n).grad)
     plain, _ = sft_terms(model, (ids, attn, mask))
     assert plain.item() > 2 * nll.item()  # φ ≤ 1/4: the weighted loss is a fraction of the plain one
 
@@ -101,12 +87,12 @@ def test_chords_update_is_one_minus_mu_of_grpos_plus_mu_of_the_sft_terms(method,
     nll.backward()
     g_sft = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     for n in g:
-        _close(g[n], g_rl[n] + mu * g_sft[n])
+        assert_close(g[n], g_rl[n] + mu * g_sft[n])
     assert terms.stats["chord/mu"] == pytest.approx(mu) and "red/final_weight" not in terms.stats
     assert terms.stats["actor/sft_loss"] == pytest.approx(nll.item(), rel=1e-5)
     cut, g_cut = _grads(model, batch, old, sft, alg, step, budget=60)  # episode 0 split across pieces
     for n in g:
-        _close(g_cut[n], g[n])
+        assert_close(g_cut[n], g[n])
     assert cut.stats["actor/sft_loss"] == pytest.approx(terms.stats["actor/sft_loss"], rel=1e-5)
 
 
@@ -120,7 +106,7 @@ def test_the_policy_loss_takes_one_minus_mu(base_dir):
     _, g_chord = _grads(model, batch, old, None, chord, 0)
     _, g_grpo = _grads(model, batch, old, None, load_run_config(algorithm="grpo").algorithm, 0)
     for n in g_grpo:
-        _close(g_chord[n], (1 - 0.9) * g_grpo[n], rel=1e-4)  # the scale applied before the backward or after
+        assert_close(g_chord[n], (1 - 0.9) * g_grpo[n], rel=1e-4)  # the scale applied before the backward or after
 
 
 def test_a_chord_config_out_of_range_is_refused():

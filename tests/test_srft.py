@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from helpers import make_trainer, random_lora, ragged_rl_batch
+from helpers import assert_close, make_trainer, ragged_rl_batch, random_lora, random_sft_batch
 from utils.agent.traces import OfflineSample, examples_from_trace, trace_from_row
 from utils.core.config import ConfigError
 from utils.core.loader import load_run_config
@@ -54,27 +54,14 @@ def test_the_policy_loss_by_hand():
         srft_loss(RlBatch(**{**_tiny_part().__dict__, "correct": None}), logp, ent, Agg("token-mean"), 0.1, 0.1)
 
 
-def _sft_batch(rows: int = 5, seed: int = 3):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(8, 26, (rows,), generator=g).tolist()
-    ids = torch.zeros(rows, max(lengths), dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for i, n in enumerate(lengths):
-        ids[i, :n] = torch.randint(3, 90, (n,), generator=g)
-        attn[i, :n] = 1
-    mask = attn[:, 1:].float()
-    mask[:, :4] = 0
-    return ids, attn, mask
+def _sft_batch():
+    return random_sft_batch(rows=5, seed=3, max_len=26)
 
 
 def _grads(model) -> dict:
     out = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     return out
-
-
-def _close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-5) -> None:
-    assert (a - b).abs().max().item() <= rel * b.abs().max().item(), ((a - b).abs().max().item(), b.abs().max().item())
 
 
 def test_the_sft_term_weighs_each_sequences_tokens_by_its_detached_exp_minus_h(base_dir):
@@ -90,7 +77,7 @@ def test_the_sft_term_weighs_each_sequences_tokens_by_its_detached_exp_minus_h(b
     assert nll.item() == pytest.approx(by_hand.item(), rel=1e-5)
     by_hand.backward()
     for n, g in got.items():
-        _close(g, model.get_parameter(n).grad)
+        assert_close(g, model.get_parameter(n).grad)
     with pytest.raises(ValueError, match="token_weight"):
         sft_terms(model, (ids, attn, mask), token_weight="phy")
 
@@ -118,14 +105,14 @@ def test_the_update_is_srfts_policy_loss_plus_alpha_times_the_weighted_sft_term_
     nll.backward()
     g_sft = _grads(model)
     for n in g:
-        _close(g_rl[n], g_pg[n])
-        _close(g[n], g_pg[n] + 0.5 * g_sft[n])
+        assert_close(g_rl[n], g_pg[n])
+        assert_close(g[n], g_pg[n] + 0.5 * g_sft[n])
     assert terms.stats["actor/pg_loss"] == pytest.approx(pg.item(), rel=1e-5)
     assert terms.stats["actor/sft_loss"] == pytest.approx(nll.item(), rel=1e-5)
     assert 0 < terms.stats["srft/offline_ratio_mean"] < 1 and terms.stats["srft/positive_adv"] > 0.1
     cut, g_cut = update(sft, budget=60)  # episode 0 split across pieces
     for n in g:
-        _close(g_cut[n], g[n])
+        assert_close(g_cut[n], g[n])
     assert cut.stats["actor/pg_loss"] == pytest.approx(terms.stats["actor/pg_loss"], rel=1e-5)
 
 
