@@ -233,24 +233,29 @@ def test_stats_calibration_benchmark_runs_08s_test_on_simulated_studies(capsys):
     assert lines[3].startswith("power seeds=3 effect=+0.05") and lines[-2].startswith("tost power seeds=3 effect=0.00")
 
 
+def _grpo_gains(methods: list[str]) -> list:
+    """Three seeds' evaluations of `methods` on 100 items: grpo right on 60 / 62 / 64 of them, every
+    other method on the same 50."""
+    from pathlib import Path
+
+    from utils.eval.compare import Evaluation
+
+    out = []
+    for seed, wins in ((1, 10), (2, 12), (3, 14)):
+        for method in methods:
+            right = 50 + (wins if method == "grpo" else 0)
+            scores = {f"q{i:03d}": float(i < right) for i in range(100)}
+            out.append(Evaluation("r", seed, method, Path("."), {}, scores, {}))
+    return out
+
+
 def test_the_positive_control_is_tested_alone_whatever_else_ran():
     """grpo − sft_warmup is its own family: the arms a run adds beside it change the other families'
     Holm p-values, never the control's. Here grpo gains 0.10 / 0.12 / 0.14 on 100 items per seed
     (t = 0.12 / (0.02/√3) = 10.4 on 2 df, p 0.009); four null arms would raise a five-way Holm p to 0.046."""
-    from pathlib import Path
-
-    from utils.eval.compare import Evaluation
     from utils.eval.paired import comparisons
 
-    def evals(methods):
-        out = []
-        for seed, wins in ((1, 10), (2, 12), (3, 14)):
-            for method in methods:
-                right = 50 + (wins if method == "grpo" else 0)
-                scores = {f"q{i:03d}": float(i < right) for i in range(100)}
-                out.append(Evaluation("r", seed, method, Path("."), {}, scores, {}))
-        return out
-
+    evals = _grpo_gains
     alone = comparisons(evals(["sft_warmup", "grpo"]), resamples=200, seed=0)
     crowded = comparisons(evals(["sft_warmup", "grpo", "red", "fixed_sft", "matched_sft", "sft"]), resamples=200, seed=0)
     (control,) = [t for t in alone if t["family"] == "control"]
@@ -259,6 +264,26 @@ def test_the_positive_control_is_tested_alone_whatever_else_ran():
     assert control_crowded["p_holm"] == control["p_holm"] and control_crowded["verdict"] == "better"
     assert [t["a"] for t in crowded if t["family"] == "warmup"] == ["red", "fixed_sft", "matched_sft", "sft"]
     assert not [t for t in alone if t["family"] == "warmup"]  # grpo is not also in the warmup family
+
+
+def test_every_trained_arm_but_red_is_tested_against_grpo_in_a_family_of_its_own():
+    """The "grpo" family holds each trained method other than grpo and red against grpo (red − grpo is
+    in red's family, once). With grpo 0.12 above three equal arms (the t-test's p 0.0092 each), Holm
+    over three equal p-values gives each 3p; red's family of five and the warmup's are adjusted apart."""
+    from utils.eval.paired import comparisons
+
+    tests = comparisons(_grpo_gains(["sft_warmup", "grpo", "red", "fixed_sft", "matched_sft", "sft"]),
+                        resamples=200, seed=0)
+    family = [t for t in tests if t["family"] == "grpo"]
+    assert [(t["a"], t["b"]) for t in family] == [("fixed_sft", "grpo"), ("matched_sft", "grpo"), ("sft", "grpo")]
+    for t in family:
+        assert t["diff"] == pytest.approx(-0.12) and t["p_value"] == pytest.approx(0.0092, abs=5e-4)
+        assert t["p_holm"] == pytest.approx(3 * t["p_value"], abs=1e-6) and t["verdict"] == "worse"
+    (red_grpo,) = [t for t in tests if (t["a"], t["b"]) == ("red", "grpo")]
+    assert red_grpo["family"] == "red"
+    assert red_grpo["p_holm"] == pytest.approx(min(1.0, 5 * red_grpo["p_value"]), abs=1e-6)
+    assert not [t for t in comparisons(_grpo_gains(["sft_warmup", "grpo", "red"]), resamples=200, seed=0)
+                if t["family"] == "grpo"]  # nothing but red beside grpo: no family
 
 
 def test_a_trainings_method_is_read_from_its_manifest_not_its_folder(tmp_path):

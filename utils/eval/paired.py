@@ -1,6 +1,6 @@
 """The paired tests of 08_compare_runs: which checkpoint pairs are tested, and how they are adjusted.
 
-Within each run, three families (`comparisons`); across runs, the pairs a user names (`across_runs`),
+Within each run, four families (`comparisons`); across runs, the pairs a user names (`across_runs`),
 for checkpoints that no single run holds together, such as a method trained from another warmup in
 another run directory. Every test is `paired_test` (utils/eval/stats.py) of a − b on the items the two
 share, paired by (training seed, test item), Holm-adjusted within its family, with a verdict. With
@@ -30,12 +30,13 @@ def _scores(evals: list[Evaluation]) -> dict:
 
 
 def comparisons(evals: list[Evaluation], resamples: int, seed: int, margin: float = 0.0) -> list[dict]:
-    """Three families of paired tests per run, each Holm-adjusted on its own: the positive control
+    """Four families of paired tests per run, each Holm-adjusted on its own: the positive control
     (`family` "control": CONTROL − sft_warmup, alone, so that adding an arm cannot change whether the
-    setup detected the effect it must detect), red against every other checkpoint ("red"), and every
-    other trained method against the SFT warmup it started from ("warmup": did training improve on
-    its start?). Each is `paired_test` (utils/eval/stats.py) of a − b on items paired by (seed,
-    item), with a verdict."""
+    setup detected the effect it must detect), red against every other checkpoint ("red"), every
+    other trained method against CONTROL, the SFT→RL reference ("grpo"; red − grpo is in red's family
+    and not repeated here, so each pair has one verdict), and every other trained method against the
+    SFT warmup it started from ("warmup": did training improve on its start?). Each is `paired_test`
+    (utils/eval/stats.py) of a − b on items paired by (seed, item), with a verdict."""
     by_run = defaultdict(list)
     for e in evals:
         by_run[e.run].append(e)
@@ -48,6 +49,8 @@ def comparisons(evals: list[Evaluation], resamples: int, seed: int, margin: floa
         warm = SFT_WARMUP in methods
         pairs = {"control": [(CONTROL, SFT_WARMUP)] if warm and CONTROL in methods else [],
                  "red": [("red", m) for m in ordered if m != "red"] if "red" in methods else [],
+                 "grpo": [(m, CONTROL) for m in ordered if m in METHODS and m not in (CONTROL, "red")]
+                 if CONTROL in methods else [],
                  "warmup": [(m, SFT_WARMUP) for m in ordered if m in METHODS and m != CONTROL] if warm else []}
         boot: dict[tuple[str, str], dict] = {}  # red − sft_warmup is in both families: resample it once
         for name, family in pairs.items():

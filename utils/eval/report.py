@@ -173,6 +173,7 @@ def _paired_section(tests: list[dict], resamples: int) -> list[str]:
              "'no evidence either way' below cannot tell 'no effect' from 'the setup cannot see one'."),
             ("red", "Paired comparison: red vs each other method", "No run here evaluated `red`, so there is no "
                                                                    "paired comparison."),
+            ("grpo", f"Against SFT→RL: each trained method but red vs {CONTROL} (red − {CONTROL} is above)", None),
             ("warmup", "Did training improve on its start: each other method vs sft_warmup",
              "No run here evaluated both `sft_warmup` and a trained method."),
             ("across", "Paired across runs (named with --across)", None)):
@@ -269,6 +270,7 @@ def _start_caveat(trainings: list[Training]) -> list[str]:
 
 
 _FAMILY_WORDS = {"control": ", tested alone as the positive control", "red": " among the comparisons with red",
+                 "grpo": f" among the comparisons with {CONTROL}",
                  "warmup": " among the other comparisons with the warmup", "across": " among the pairs across runs"}  # after "Holm-adjusted p 0.01"
 
 
