@@ -183,6 +183,17 @@ def make_trainer(cfg, engine, adapter, tmp_path, base_dir):
                        tmp_path, MetricsLogger(tmp_path / "metrics.jsonl"), "sha")
 
 
+def give_gold_demos(trainer, rows) -> None:
+    """Give the trainer each of `rows`' gold trace as its offline demonstration, as 05 does for the
+    traced questions (trainer.offline: question id → OfflineSample)."""
+    from utils.agent.traces import OfflineSample, examples_from_trace, trace_from_row
+
+    for row in rows:
+        trace, _ = trace_from_row(row, "gold")
+        trainer.offline[row["id"]] = OfflineSample(examples_from_trace(trace, trainer.rollout.codec), trace.answer,
+                                                   [t for t, _ in trace.executor_calls])
+
+
 def evaluation_dir(run_dir, checkpoint, seed, scores, lr=5e-4):
     """A completed 07 evaluation of `checkpoint` with these 0/1 `scores` under `run_dir` (and, for red and
     grpo, a trainer folder with four logged steps); returns its metrics."""

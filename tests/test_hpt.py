@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from helpers import make_trainer
-from utils.agent.traces import OfflineSample, examples_from_trace, trace_from_row
+from helpers import give_gold_demos, make_trainer
+from utils.agent.traces import OfflineSample
 from utils.core.config import ConfigError
 from utils.core.loader import load_run_config
 from utils.reward.spec import RewardSpec
@@ -60,10 +60,7 @@ def _hpt_trainer(hf_engine, protocol_adapter, tmp_path, base_dir, every: int):
         "algorithm.rl.dump_freq=0", "algorithm.rl.save_freq=100", "algorithm.hpt.gate=3",
         "algorithm.rl.dynamic_sampling=0"])
     trainer = make_trainer(cfg, hf_engine, protocol_adapter, tmp_path, base_dir)
-    for row in trainer.rows[::every]:
-        trace, _ = trace_from_row(row, "gold")
-        trainer.offline[row["id"]] = OfflineSample(examples_from_trace(trace, trainer.rollout.codec), trace.answer,
-                                                   [t for t, _ in trace.executor_calls])
+    give_gold_demos(trainer, trainer.rows[::every])
     return trainer
 
 

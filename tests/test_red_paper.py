@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from helpers import make_trainer, MASK
+from helpers import give_gold_demos, make_trainer, MASK
 from utils.agent.protocol import EXECUTOR, PLANNER, format_score
 from utils.agent.rollout import Codec
 from utils.agent.traces import OfflineSample, episode_from_trace, examples_from_trace, make_trace
@@ -161,12 +161,7 @@ def test_the_trainer_puts_experts_in_their_groups(hf_engine, protocol_adapter, t
         "algorithm.rl.lr=0.003", "algorithm.rl.dump_freq=0", "algorithm.rl.save_freq=100",
         "algorithm.rl.mismatch_every=1"])  # the mismatch on both steps (the default regime: every fifth)
     trainer = make_trainer(cfg, hf_engine, protocol_adapter, tmp_path, base_dir)
-    codec = trainer.rollout.codec
-    from utils.agent.traces import trace_from_row
-    for row in trainer.rows[::2]:  # half the questions have an expert trace
-        trace, _ = trace_from_row(row, "gold")
-        trainer.offline[row["id"]] = OfflineSample(examples_from_trace(trace, codec), trace.answer,
-                                                   [t for t, _ in trace.executor_calls])
+    give_gold_demos(trainer, trainer.rows[::2])  # half the questions have an expert trace
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     first, second = trainer.train()
     for m in (first, second):

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from helpers import make_trainer
-from utils.agent.traces import OfflineSample, examples_from_trace, trace_from_row
+from helpers import give_gold_demos, make_trainer
+from utils.agent.traces import OfflineSample
 from utils.core.config import ConfigError
 from utils.core.loader import load_run_config
 from utils.reward.spec import RewardSpec
@@ -59,10 +59,8 @@ def test_the_trainer_takes_an_sft_step_when_the_buffer_fills_and_keeps_it_in_its
         "algorithm.rl.dump_freq=0", "algorithm.rl.save_freq=1", "algorithm.rl.dynamic_sampling=0",
         "algorithm.relift.buffer_size=3"])
     trainer = make_trainer(cfg, hf_engine, protocol_adapter, tmp_path, base_dir)
+    give_gold_demos(trainer, trainer.rows)
     for row in trainer.rows:
-        trace, _ = trace_from_row(row, "gold")
-        trainer.offline[row["id"]] = OfflineSample(examples_from_trace(trace, trainer.rollout.codec), trace.answer,
-                                                   [t for t, _ in trace.executor_calls])
         row["answers"] = ["-123456789"]
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     steps = trainer.train()

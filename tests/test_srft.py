@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 
-from helpers import assert_close, make_trainer, ragged_rl_batch, random_lora, random_sft_batch
-from utils.agent.traces import OfflineSample, examples_from_trace, trace_from_row
+from helpers import assert_close, give_gold_demos, make_trainer, ragged_rl_batch, random_lora, random_sft_batch
 from utils.core.config import ConfigError
 from utils.core.loader import load_run_config
 from utils.core.schema import MemoryConfig
@@ -132,10 +131,7 @@ def test_the_trainer_trains_demonstrations_in_their_groups_and_as_sft(hf_engine,
         "algorithm.rl.steps=2", "algorithm.rl.questions_per_step=4", "algorithm.rl.n_samples=3",
         "algorithm.rl.dump_freq=0", "algorithm.rl.save_freq=100", "algorithm.rl.dynamic_sampling=0"])
     trainer = make_trainer(cfg, hf_engine, protocol_adapter, tmp_path, base_dir)
-    for row in trainer.rows:
-        trace, _ = trace_from_row(row, "gold")
-        trainer.offline[row["id"]] = OfflineSample(examples_from_trace(trace, trainer.rollout.codec), trace.answer,
-                                                   [t for t, _ in trace.executor_calls])
+    give_gold_demos(trainer, trainer.rows)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     steps = trainer.train()
     for m in steps:
