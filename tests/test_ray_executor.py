@@ -32,19 +32,23 @@ def _ran(proc) -> list[str]:
 
 
 def test_branches_follow_the_study_graph():
-    steps = plan(["matched_sft", "grpo"])
+    steps = plan(["matched_sft", "grpo", "joint"])
     out = branches(steps, [1, 2], lambda s: ["--seed", str(s)])
     names = [b.name for b in out]
-    assert names == ["seed_1/data", "seed_1/red", "seed_1/matched_sft", "seed_1/grpo", "seed_1/evaluate",
-                     "seed_2/data", "seed_2/red", "seed_2/matched_sft", "seed_2/grpo", "seed_2/evaluate"]
+    assert names == [f"seed_{s}/{b}" for s in (1, 2)
+                     for b in ("data", "warmup", "red", "matched_sft", "grpo", "joint", "evaluate")]
     by = {b.name: b for b in out}
     assert [s.script for s in by["seed_1/data"].steps] == ["00_check_data", "01_prepare_dataset", "02_build_rewards",
-                                                            "03_generate_sft_traces", "04_sft_warmup"]
-    assert by["seed_2/grpo"].needs == ["seed_2/data"] and by["seed_2/grpo"].common == ["--seed", "2"]
-    assert by["seed_1/matched_sft"].needs == ["seed_1/data", "seed_1/red"]  # it reads red's mean SFT weight
-    assert by["seed_1/evaluate"].needs == ["seed_1/data", "seed_1/red", "seed_1/matched_sft", "seed_1/grpo"]
-    assert [s.checkpoint for s in by["seed_1/evaluate"].steps] == ["base", "sft_warmup", "red", "matched_sft", "grpo"]
-    assert [b.name for b in branches(steps, [None], lambda s: [])][:2] == ["data", "red"]  # one seed: no prefix
+                                                            "03_generate_sft_traces"]
+    assert [s.script for s in by["seed_1/warmup"].steps] == ["04_sft_warmup"] and by["seed_1/warmup"].needs == ["seed_1/data"]
+    assert by["seed_2/grpo"].needs == ["seed_2/warmup"] and by["seed_2/grpo"].common == ["--seed", "2"]
+    assert by["seed_1/matched_sft"].needs == ["seed_1/warmup", "seed_1/red"]  # it reads red's mean SFT weight
+    assert by["seed_1/joint"].needs == ["seed_1/data"]  # RL from the base: it trains beside the warmup
+    assert by["seed_1/evaluate"].needs == ["seed_1/data", "seed_1/warmup", "seed_1/red", "seed_1/matched_sft",
+                                           "seed_1/grpo", "seed_1/joint"]
+    assert [s.checkpoint for s in by["seed_1/evaluate"].steps] == ["base", "sft_warmup", "red", "matched_sft", "grpo",
+                                                                   "joint"]
+    assert [b.name for b in branches(steps, [None], lambda s: [])][:3] == ["data", "warmup", "red"]  # one seed: no prefix
 
 
 @pytest.mark.slow
@@ -65,8 +69,10 @@ def test_ray_runs_the_branches_as_the_sequential_driver_does(tmp_path):
     log = out / "ray" / "logs" / "seed_2_data.log"
     assert f"seed_2/data: failed (exit 1); log: {log}" in first.stderr
     assert "00_check_data" in log.read_text()
-    for name in ("fixed_sft", "sft", "evaluate"):
+    for name in ("warmup", "evaluate"):
         assert f"seed_2/{name}: not run (needs seed_2/data" in first.stderr
+    for name in ("fixed_sft", "sft"):
+        assert f"seed_2/{name}: not run (needs seed_2/warmup)" in first.stderr
     seed_1 = out / "ray" / "seed_1" / "07_evaluate"
     # seed 1's two 05 stages ran side by side in one seed folder (seed 2's slot was free)
     assert all((seed_1 / c / "manifest.json").is_file() for c in ("base", "sft_warmup", "fixed_sft", "sft"))
@@ -82,7 +88,7 @@ def test_ray_runs_the_branches_as_the_sequential_driver_does(tmp_path):
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
     ran = _ran(second)
     assert ran[0].endswith(" 08_compare_runs") and all(label.startswith("seed_2/") for label in ran[1:]), ran
-    assert "seed_2/data 04_sft_warmup" in ran and "seed_2/evaluate 07_evaluate/base,sft_warmup,fixed_sft,sft" in ran
+    assert "seed_2/warmup 04_sft_warmup" in ran and "seed_2/evaluate 07_evaluate/base,sft_warmup,fixed_sft,sft" in ran
     manifest = json.loads((out / "ray" / "run_manifest.json").read_text())
     assert manifest["status"] == "completed" and manifest["report"].endswith("08_compare_runs/report.md")
     skipped = {(s["seed"], s["stage"]) for s in manifest["stages"] if s["action"] == "skipped"}

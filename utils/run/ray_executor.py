@@ -1,9 +1,11 @@
 """`09_driver.py --executor ray`: the study's independent branches as Ray tasks.
 
 The sequential driver runs one stage at a time. A study's stages form a small graph, per seed:
-the data chain (00 → 04), then one branch per method (its 05/06, after the data chain; matched_sft
-also after red, whose mean SFT weight it reads), then the evaluations (one 07 process for every
-checkpoint, after all the seed's methods). Seeds are independent of each other; 08 reads them all.
+the data chain (00 → 03), the SFT warmup (04, after it), then one branch per method (its 05/06,
+after the warmup; a method whose RL starts from the base, `algorithm.rl.init: base` such as joint,
+needs only the data chain, so it trains beside the warmup; matched_sft also after red, whose mean
+SFT weight it reads), then the evaluations (one 07 process for every checkpoint, after all the
+seed's methods). Seeds are independent of each other; 08 reads them all.
 Each branch becomes one Ray task that declares the CPUs and GPUs it needs (`--branch_cpus`,
 `--branch_gpus`); Ray starts a task once its inputs are done and the resources are free, on this
 box (`ray.init()` with no address: a local Ray with `--ray_cpus` CPUs) or on a cluster
@@ -32,7 +34,9 @@ from pathlib import Path
 from utils.core.config import ROOT
 from utils.core.lock import HOLDER_ENV, RunLock
 from utils.core.methods import METHODS
-from utils.run.driver import DATA_STAGES, Step, batches, run_batch
+from utils.run.driver import DATA_STAGES, Step, batches, current_config, run_batch
+
+WARMUP_STAGE = "04_sft_warmup"
 
 
 @dataclass
@@ -50,14 +54,22 @@ def branches(steps: list[Step], seeds: list, common_of) -> list[Branch]:
     for seed in seeds:
         tag = f"seed_{seed}/" if len(seeds) > 1 else ""
         common = common_of(seed)
-        data = Branch(f"{tag}data", seed, common, [s for s in steps if s.script in DATA_STAGES])
-        trainers = [Branch(f"{tag}{s.algorithm}", seed, common, [s], [data.name]) for s in steps if s.algorithm]
+        data = Branch(f"{tag}data", seed, common, [s for s in steps if s.script in DATA_STAGES and s.script != WARMUP_STAGE])
+        warmup = Branch(f"{tag}warmup", seed, common, [s for s in steps if s.script == WARMUP_STAGE], [data.name])
+        trainers = [Branch(f"{tag}{s.algorithm}", seed, common, [s], [data.name if _from_base(s, common) else warmup.name])
+                    for s in steps if s.algorithm]
         for b in trainers:
             b.needs += [f"{tag}{n}" for n in METHODS[b.steps[0].algorithm].needs]
         evaluate = Branch(f"{tag}evaluate", seed, common, [s for s in steps if s.checkpoint],
-                          [data.name, *(b.name for b in trainers)])
-        out += [data, *trainers, evaluate]
+                          [data.name, warmup.name, *(b.name for b in trainers)])
+        out += [data, warmup, *trainers, evaluate]
     return out
+
+
+def _from_base(step: Step, common: list[str]) -> bool:
+    """Whether the trainer's RL starts from the base model (it never reads 04's adapter), as its config
+    says with this run's settings."""
+    return current_config(step, common)[1].algorithm.rl.init == "base"
 
 
 class Records:
