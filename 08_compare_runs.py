@@ -11,8 +11,8 @@ outputs/<run_id>/08_compare_runs/ (or --out):
 - plots/: reward_vs_step.png, test_accuracy.png, red_dynamics.png, red_mechanism.png, time_per_phase.png,
   pass_at_k.png;
 - report.md: tables, the plots, paired tests of red against every other method, of every other
-  method against grpo and of every method against its warmup on the same (seed, test item) pairs (a t-test over seeds at two or more seeds,
-  the item bootstrap at one: utils/eval/stats.py), and the config values that differ between
+  method against grpo and of every method against its warmup on the same (seed, test item) pairs
+  (a t-test over seeds at two or more seeds, the item bootstrap at one: utils/eval/stats.py), and the config values that differ between
   methods and between runs, and the pass@k curves of the sampled evaluations with the smallest k at
   which sft_warmup's reaches each arm's (utils/eval/curves.py);
 - the manifest.

@@ -22,8 +22,9 @@ One driver at a time per run: a second one on the same --run_id is refused, nami
 fork (default) forks each stage from the driver, which imports torch, transformers, peft and vLLM
 once, not once per stage (same results); exec starts each as `python NN_stage.py ...`.
 --executor ray runs the independent branches (each seed's chain; each method after its seed's SFT
-warmup, or after its data chain when its RL starts from the base) as Ray tasks, on this box or on the cluster at --ray_address, with the same manifests and
-skip rules (utils/run/ray_executor.py); a failed branch is named with its log and the others go on.
+warmup, or after its data chain when its RL starts from the base) as Ray tasks, on this box or on
+the cluster at --ray_address, with the same manifests and skip rules (utils/run/ray_executor.py); a
+failed branch is named with its log and the others go on.
 """
 import argparse
 import os

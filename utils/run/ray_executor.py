@@ -36,7 +36,7 @@ from utils.core.lock import HOLDER_ENV, RunLock
 from utils.core.methods import METHODS
 from utils.run.driver import DATA_STAGES, Step, batches, current_config, run_batch
 
-WARMUP_STAGE = "04_sft_warmup"
+WARMUP_STAGE = DATA_STAGES[-1]  # 04, a branch of its own
 
 
 @dataclass
@@ -54,7 +54,7 @@ def branches(steps: list[Step], seeds: list, common_of) -> list[Branch]:
     for seed in seeds:
         tag = f"seed_{seed}/" if len(seeds) > 1 else ""
         common = common_of(seed)
-        data = Branch(f"{tag}data", seed, common, [s for s in steps if s.script in DATA_STAGES and s.script != WARMUP_STAGE])
+        data = Branch(f"{tag}data", seed, common, [s for s in steps if s.script in DATA_STAGES[:-1]])
         warmup = Branch(f"{tag}warmup", seed, common, [s for s in steps if s.script == WARMUP_STAGE], [data.name])
         trainers = [Branch(f"{tag}{s.algorithm}", seed, common, [s], [data.name if _from_base(s, common) else warmup.name])
                     for s in steps if s.algorithm]
