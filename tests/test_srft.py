@@ -8,6 +8,7 @@ import torch
 from helpers import assert_close, give_gold_demos, make_trainer, ragged_rl_batch, random_lora, random_sft_batch
 from utils.core.config import ConfigError
 from utils.core.loader import load_run_config
+from utils.core.algorithm_schema import SrftConfig
 from utils.core.schema import MemoryConfig
 from utils.reward.spec import RewardSpec
 from utils.train.batch import RlBatch
@@ -19,11 +20,15 @@ from utils.train.srft import DemoGroups, rollout_advantages, srft_loss
 from utils.train.update import red_grpo_loss
 
 RED = RedState()
+PAPER = SrftConfig(enabled=True)  # c 0.1, a wrong rollout −1, γ 0.1
+RELEASED = SrftConfig(enabled=True, negative_coef=0.0)
 
 
 def test_a_right_rollouts_advantage_is_c_exp_h_and_a_wrong_ones_minus_one():
     got = rollout_advantages(torch.tensor([True, False, True]), torch.tensor([0.5, 1.0, 0.0]), 0.1)
     assert got.tolist() == pytest.approx([0.1 * math.exp(0.5), -1.0, 0.1])
+    released = rollout_advantages(torch.tensor([True, False, True]), torch.tensor([0.5, 1.0, 0.0]), 0.1, 0.0)
+    assert released.tolist() == pytest.approx([0.1 * math.exp(0.5), 0.0, 0.1])
 
 
 def _tiny_part() -> RlBatch:
@@ -38,7 +43,7 @@ def _tiny_part() -> RlBatch:
 def test_the_policy_loss_by_hand():
     logp = torch.log(torch.tensor([[0.5, 0.25], [0.8, 0.3], [0.9, 0.1]])).requires_grad_()
     ent = torch.tensor([[0.2, 0.4], [1.0, 5.0], [3.0, 3.0]])  # row 1's masked 5.0 is not in its H
-    loss, stats, _ = srft_loss(_tiny_part(), logp, ent, Agg("token-mean"), positive_coef=0.1, shape=0.1)
+    loss, stats, _ = srft_loss(_tiny_part(), logp, ent, Agg("token-mean"), PAPER)
     # row 0: H 0.3, A' = 0.1·e^0.3 = 0.134986, −A'·log p = 0.093565 and 0.187130
     # row 1: wrong, A' = −1: log 0.8 = −0.223144 (its second token untrained)
     # row 2: the demonstration, A = 0.6 (its group's, not replaced): −0.6·0.9/1.0 = −0.54, −0.6·0.1/0.2 = −0.3
@@ -50,7 +55,18 @@ def test_the_policy_loss_by_hand():
     assert stats["positive_adv"] == pytest.approx(0.134986, abs=1e-6)
     assert stats["offline_ratio_mean"] == pytest.approx(0.7)
     with pytest.raises(ValueError, match="correctness"):
-        srft_loss(RlBatch(**{**_tiny_part().__dict__, "correct": None}), logp, ent, Agg("token-mean"), 0.1, 0.1)
+        srft_loss(RlBatch(**{**_tiny_part().__dict__, "correct": None}), logp, ent, Agg("token-mean"), PAPER)
+
+
+def test_the_released_form_leaves_a_wrong_rollout_no_gradient_but_keeps_its_tokens_in_the_mean():
+    logp = torch.log(torch.tensor([[0.5, 0.25], [0.8, 0.3], [0.9, 0.1]])).requires_grad_()
+    ent = torch.tensor([[0.2, 0.4], [1.0, 5.0], [3.0, 3.0]])
+    loss, _, _ = srft_loss(_tiny_part(), logp, ent, Agg("token-mean"), RELEASED)
+    # as by hand above with row 1's term 0, still over 5 tokens (the released loss adds 0.8 there, a constant)
+    assert loss.item() == pytest.approx((0.093565 + 0.187130 - 0.54 - 0.3) / 5, abs=1e-6)
+    loss.backward()
+    want = torch.tensor([[-0.134986, -0.134986], [0.0, 0.0], [-0.6 * 0.09, -0.6 * 0.25]]) / 5
+    assert torch.allclose(logp.grad, want, atol=1e-6)
 
 
 def _sft_batch():
@@ -81,9 +97,10 @@ def test_the_sft_term_weighs_each_sequences_tokens_by_its_detached_exp_minus_h(b
         sft_terms(model, (ids, attn, mask), token_weight="phy")
 
 
-def test_the_update_is_srfts_policy_loss_plus_alpha_times_the_weighted_sft_term_whole_or_cut(base_dir):
+@pytest.mark.parametrize("method", ["srft", "srft_released"])
+def test_the_update_is_srfts_policy_loss_plus_alpha_times_the_weighted_sft_term_whole_or_cut(base_dir, method):
     model = random_lora(base_dir)
-    alg = load_run_config(algorithm="srft").algorithm
+    alg = load_run_config(algorithm=method).algorithm
     batch = ragged_rl_batch(offline=True)
     batch.correct = torch.tensor([True, True, True, False, True, False, False, True, True])
     sft = _sft_batch()
@@ -97,7 +114,7 @@ def test_the_update_is_srfts_policy_loss_plus_alpha_times_the_weighted_sft_term_
     _, g_rl = update(None)
     logp, ent = forward_logprobs(model, batch.ids, batch.attn, with_entropy=True, temperature=alg.rl.temperature,
                                  need=batch.mask > 0)
-    pg, _, _ = srft_loss(batch, logp, ent, Agg("token-mean"), 0.1, 0.1)
+    pg, _, _ = srft_loss(batch, logp, ent, Agg("token-mean"), PAPER if method == "srft" else RELEASED)
     pg.backward()
     g_pg = _grads(model)
     nll, _ = sft_terms(model, sft, token_weight="entropy")
@@ -119,6 +136,9 @@ def test_srft_is_its_own_method_and_turns_on_its_variant():
     alg = load_run_config(algorithm="srft").algorithm
     assert alg.srft.enabled and alg.sft.weighting == "srft" and alg.sft.loss_coef == 0.5 and not alg.red_paper.offline
     assert [type(v) for v in active_variants(alg, RewardSpec(), {"q1": object()})] == [DemoGroups]
+    released = load_run_config(algorithm="srft_released").algorithm
+    assert released.srft.negative_coef == 0.0 and alg.srft.negative_coef == -1.0
+    assert [type(v) for v in active_variants(released, RewardSpec(), {"q1": object()})] == [DemoGroups]
     with pytest.raises(ConfigError, match="srft.enabled=true"):
         load_run_config(algorithm="fixed_sft", overrides=["algorithm.srft.enabled=true"])
     with pytest.raises(ConfigError, match="srft.enabled true"):

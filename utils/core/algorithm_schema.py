@@ -144,9 +144,12 @@ class HptConfig:
 class SrftConfig:
     enabled: bool = field(False, "SRFT (method srft, utils/train/srft.py): demonstrations inside the groups with LUFFY's "
                                  "shaped ratio, the same demonstrations' SFT term weighted by exp(−H), and rollouts "
-                                 "trained by REINFORCE with c·exp(H) when right and −1 when wrong.")
+                                 "trained by REINFORCE with c·exp(H) when right and `negative_coef` when wrong.")
     positive_coef: float = field(0.1, "c: a right rollout's advantage is c·exp(H), H its sequence's mean entropy.",
                                  minimum=0.0)
+    negative_coef: float = field(-1.0, "A wrong rollout's advantage: −1 as the paper's equation has it (method srft); "
+                                       "0 as the released code has it (method srft_released), whose clamp leaves a "
+                                       "wrong rollout a constant loss with no gradient.", maximum=0.0)
     shape: float = field(0.1, "γ of the demonstrations' shaped ratio p / (p + γ) (LUFFY's 0.1).", minimum=1e-6)
 
 

@@ -31,12 +31,13 @@ class ConfigError(ValueError):
 
 
 def field(default: Any, help: str, choices: tuple | None = None,  # noqa: A002 - argparse's name
-          minimum: float | None = None) -> Any:
+          minimum: float | None = None, maximum: float | None = None) -> Any:
     """A dataclass field with documentation; mutable defaults are copied per instance. A field with
-    `choices` accepts only those values, one with `minimum` nothing below it; both are checked when
-    the config is parsed (`from_dict`)."""
+    `choices` accepts only those values, one with `minimum` nothing below it, one with `maximum`
+    nothing above it; all are checked when the config is parsed (`from_dict`)."""
     meta = {"help": help, **({"choices": tuple(choices)} if choices else {}),
-            **({"minimum": minimum} if minimum is not None else {})}
+            **({"minimum": minimum} if minimum is not None else {}),
+            **({"maximum": maximum} if maximum is not None else {})}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     if dataclasses.is_dataclass(default):
@@ -116,6 +117,9 @@ def from_dict(cls: type, data: Any, where: str) -> Any:
         minimum = fields[key].metadata.get("minimum")
         if minimum is not None and kwargs[key] < minimum:
             raise ConfigError(f"{where}.{key}: {kwargs[key]} is below its minimum {minimum}")
+        maximum = fields[key].metadata.get("maximum")
+        if maximum is not None and kwargs[key] > maximum:
+            raise ConfigError(f"{where}.{key}: {kwargs[key]} is above its maximum {maximum}")
     try:
         return cls(**kwargs)
     except TypeError as exc:  # a required field is missing
@@ -214,6 +218,8 @@ def describe(cls: type, prefix: str = "", values: dict | None = None, sources: d
         valid = f" [{' | '.join(choices)}]" if choices else ""
         if "minimum" in f.metadata:
             valid += f" [>= {f.metadata['minimum']}]"
+        if "maximum" in f.metadata:
+            valid += f" [<= {f.metadata['maximum']}]"
         lines.append(f"  {key} = {shown}{valid}: {f.metadata.get('help', '')}")
     return lines
 

@@ -81,6 +81,8 @@ METHODS: Registry[Method] = Registry("method", {m.name: m for m in (
                     "the SFT→RL path's optimizer steps and demonstrations", in_study=False),
     Method("srft", "SRFT: demonstrations in the groups (shaped ratio) and as SFT weighted by exp(−H); rollouts by "
                    "REINFORCE, 0.1·exp(H) when right, −1 when wrong", in_study=False),
+    Method("srft_released", "SRFT as its released code trains it: srft, but a wrong rollout adds no gradient (its "
+                            "advantage 0, its tokens still in the mean)", in_study=False),
 )})
 STUDY = tuple(m.name for m in METHODS.values() if m.in_study)  # `09_driver.py --method all`
 BASE = "base"  # the bare base model, evaluated by 07
@@ -95,7 +97,7 @@ def defining_flags(alg) -> dict:
     """The settings of an AlgorithmConfig that say which method it is, as (setting, value) by flag:
     rl and sft on or off, how the SFT term is weighted (RED or CHORD) where RL has one, RED weighting
     on (G > 1) or off (G = 1), CHORD's φ, the matched weight, the policy loss, red_paper's offline
-    traces, HPT's switch, SRFT, ReLIFT's buffer, where RL starts (the warmup or the base), and RLOO's advantage."""
+    traces, HPT's switch, SRFT and whether it trains wrong rollouts, ReLIFT's buffer, where RL starts (the warmup or the base), and RLOO's advantage."""
     both = alg.rl.enabled and alg.sft.enabled
     weighting = alg.sft.weighting if both else None
     return {"rl": ("algorithm.rl.enabled", alg.rl.enabled), "sft": ("algorithm.sft.enabled", alg.sft.enabled),
@@ -104,6 +106,7 @@ def defining_flags(alg) -> dict:
             "phi": ("algorithm.chord.phi", alg.chord.phi if weighting == "chord" else None),
             "switch": ("algorithm.hpt.enabled", alg.hpt.enabled),
             "srft": ("algorithm.srft.enabled", alg.srft.enabled),
+            "srft_wrong": ("algorithm.srft.negative_coef", alg.srft.negative_coef < 0 if alg.srft.enabled else None),
             "buffer": ("algorithm.relift.enabled", alg.relift.enabled),
             "init": ("algorithm.rl.init", alg.rl.init),
             "matched": ("algorithm.sft.match_red", alg.sft.match_red),
@@ -148,6 +151,10 @@ def contradictions_with(alg, m: Method) -> list[str]:
             if None not in (want, value) and value != want:
                 out.append(f"{key}={alg.red.G} (method '{m.name}' needs " +
                            ("G > 1; G = 1 is fixed_sft)" if want else "G = 1; G > 1 is red)"))
+        elif flag == "srft_wrong":  # only where both are SRFT (else srft disagrees)
+            if None not in (want, value) and value != want:
+                out.append(f"{key}={alg.srft.negative_coef} (method '{m.name}' needs " +
+                           ("it below 0; 0 is srft_released)" if want else "0; below 0 is srft)"))
         elif flag == "loo" and value != want:
             out.append(f"{key}={alg.rl.adv_scaling} (method '{m.name}' has "
                        f"{'rloo' if want else 'group, batch or none'})")

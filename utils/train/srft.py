@@ -10,12 +10,14 @@ srft`): one step trains three terms on one batch, each weighted by the entropy H
 - The same demonstrations are the step's SFT examples (`StepData.sft`), each token's NLL weighted by
   α·sg(exp(−H)) (utils/train/sft_weights.py `srft`; α = 0.5).
 - Rollouts: REINFORCE on log p with the advantage c·sg(exp(H)) when the episode's answer is right
-  (c = `algorithm.srft.positive_coef`, 0.1) and −1 when it is wrong, in place of the group advantage.
+  (c = `algorithm.srft.positive_coef`, 0.1) and `algorithm.srft.negative_coef` when it is wrong, in
+  place of the group advantage: −1 in method srft, the paper's equation; 0 in method srft_released,
+  the released code's, whose loss max(−A·log p, −A·clamp(log p, min=0.8)) is the constant 0.8 for
+  A = −1, so that a wrong rollout adds no gradient while its tokens stay in the token mean's count.
 
 The policy loss is one token mean over the demonstration and rollout tokens (`srft_loss`), the SFT
 term its own token mean over the demonstrations, the two added. docs/METHODS.md names where this
-departs from the paper and from the released code (which clips the rollouts' log-probabilities into
-[0.8, …], so that a wrong rollout's loss is a constant with no gradient).
+departs from the paper and from the released code.
 """
 from __future__ import annotations
 
@@ -33,25 +35,25 @@ def sequence_entropy(ent: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (ent * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-def rollout_advantages(correct: torch.Tensor, h: torch.Tensor, positive_coef: float) -> torch.Tensor:
+def rollout_advantages(correct: torch.Tensor, h: torch.Tensor, positive_coef: float,
+                       negative_coef: float = -1.0) -> torch.Tensor:
     """[S]: SRFT's advantage of a rollout sequence: positive_coef·exp(H) when its episode answered right,
-    −1 when it did not (`correct` [S] bool, `h` [S] its entropy)."""
-    return torch.where(correct, positive_coef * torch.exp(h), torch.full_like(h, -1.0))
+    negative_coef when it did not (`correct` [S] bool, `h` [S] its entropy)."""
+    return torch.where(correct, positive_coef * torch.exp(h), torch.full_like(h, negative_coef))
 
 
-def srft_loss(part: RlBatch, logp: torch.Tensor, ent: torch.Tensor, agg, positive_coef: float,
-              shape: float) -> tuple[torch.Tensor, dict, dict]:
+def srft_loss(part: RlBatch, logp: torch.Tensor, ent: torch.Tensor, agg, cfg) -> tuple[torch.Tensor, dict, dict]:
     """SRFT's policy loss on a micro-batch `part`: (loss, its stats, the weight of each stat over this
-    piece). Demonstration rows (`part.offline`) −A·p/(p + shape) with their group advantage A; the
+    piece). Demonstration rows (`part.offline`) −A·p/(p + γ) with their group advantage A; the
     others −A'·log p with A' from `rollout_advantages`; one aggregation `agg` over every trained
-    token."""
+    token. `cfg`: the run's `algorithm.srft` (c, the wrong rollouts' advantage, γ)."""
     if part.correct is None:
         raise ValueError("SRFT's rollout advantages need the batch's per-row answer correctness (RlBatch.correct)")
     off = part.offline if part.offline is not None else torch.zeros_like(part.adv, dtype=torch.bool)
     h = sequence_entropy(ent, part.mask)
-    on_adv = rollout_advantages(part.correct, h, positive_coef)
+    on_adv = rollout_advantages(part.correct, h, cfg.positive_coef, cfg.negative_coef)
     p = torch.exp(logp)
-    shaped = p / (p + shape)
+    shaped = p / (p + cfg.shape)
     per_token = torch.where(off[:, None], -part.adv[:, None] * shaped, -on_adv[:, None] * logp)
     with torch.no_grad():
         on_mask, off_mask = part.mask * (~off).float()[:, None], part.mask * off.float()[:, None]

@@ -165,7 +165,7 @@ def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, pap
     h_rl = aggregate(Agg("token-mean", total=norms.rollout), ent, rollout_mask)
     agg = _agg(rl, part, norms, rows)
     if alg.srft.enabled:  # SRFT's policy loss (utils/train/srft.py)
-        pg, pg_stats, weights = srft_loss(part, logp, ent, agg, alg.srft.positive_coef, alg.srft.shape)
+        pg, pg_stats, weights = srft_loss(part, logp, ent, agg, alg.srft)
         pg_stats, weights = ({f"srft/{k}": v for k, v in d.items()} for d in (pg_stats, weights))
     elif norms.experts:  # red_paper's expert rows somewhere in the batch (utils/train/red_paper.py)
         pg, pg_stats, weights = expert_loss(part, logp, old_lp, ent, h_rl.item(), norms, agg, alg, paper, paper_state,
