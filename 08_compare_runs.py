@@ -12,9 +12,10 @@ outputs/<run_id>/08_compare_runs/ (or --out):
   pass_at_k.png;
 - report.md: tables, the plots, paired tests of red against every other method, of every other
   method against grpo and of every method against its warmup on the same (seed, test item) pairs
-  (a t-test over seeds at two or more seeds, the item bootstrap at one: utils/eval/stats.py), and the config values that differ between
-  methods and between runs, and the pass@k curves of the sampled evaluations with the smallest k at
-  which sft_warmup's reaches each arm's (utils/eval/curves.py);
+  (a t-test over seeds at two or more seeds, the item bootstrap at one: utils/eval/stats.py), and
+  the config values that differ between methods and between runs, and the pass@k curves of the
+  sampled evaluations with the smallest k at which sft_warmup's reaches each arm's
+  (utils/eval/curves.py);
 - the manifest.
 --across pairs two checkpoints that no single run holds together (a run is named by its folder under
 outputs/, or outside it by its own folder; e.g. `--runs outputs/study outputs/early --across

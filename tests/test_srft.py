@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from helpers import assert_close, give_gold_demos, make_trainer, ragged_rl_batch, random_lora, random_sft_batch
+from utils.core.algorithm_schema import SrftConfig
 from utils.core.config import ConfigError
 from utils.core.loader import load_run_config
-from utils.core.algorithm_schema import SrftConfig
 from utils.core.schema import MemoryConfig
 from utils.reward.spec import RewardSpec
 from utils.train.batch import RlBatch
@@ -25,7 +25,7 @@ RELEASED = SrftConfig(enabled=True, negative_coef=0.0)
 
 
 def test_a_right_rollouts_advantage_is_c_exp_h_and_a_wrong_ones_minus_one():
-    got = rollout_advantages(torch.tensor([True, False, True]), torch.tensor([0.5, 1.0, 0.0]), 0.1)
+    got = rollout_advantages(torch.tensor([True, False, True]), torch.tensor([0.5, 1.0, 0.0]), 0.1, -1.0)
     assert got.tolist() == pytest.approx([0.1 * math.exp(0.5), -1.0, 0.1])
     released = rollout_advantages(torch.tensor([True, False, True]), torch.tensor([0.5, 1.0, 0.0]), 0.1, 0.0)
     assert released.tolist() == pytest.approx([0.1 * math.exp(0.5), 0.0, 0.1])

@@ -97,7 +97,8 @@ def defining_flags(alg) -> dict:
     """The settings of an AlgorithmConfig that say which method it is, as (setting, value) by flag:
     rl and sft on or off, how the SFT term is weighted (RED or CHORD) where RL has one, RED weighting
     on (G > 1) or off (G = 1), CHORD's φ, the matched weight, the policy loss, red_paper's offline
-    traces, HPT's switch, SRFT and whether it trains wrong rollouts, ReLIFT's buffer, where RL starts (the warmup or the base), and RLOO's advantage."""
+    traces, HPT's switch, SRFT and whether it trains wrong rollouts, ReLIFT's buffer, where RL starts
+    (the warmup or the base), and RLOO's advantage."""
     both = alg.rl.enabled and alg.sft.enabled
     weighting = alg.sft.weighting if both else None
     return {"rl": ("algorithm.rl.enabled", alg.rl.enabled), "sft": ("algorithm.sft.enabled", alg.sft.enabled),

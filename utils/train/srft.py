@@ -36,7 +36,7 @@ def sequence_entropy(ent: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def rollout_advantages(correct: torch.Tensor, h: torch.Tensor, positive_coef: float,
-                       negative_coef: float = -1.0) -> torch.Tensor:
+                       negative_coef: float) -> torch.Tensor:
     """[S]: SRFT's advantage of a rollout sequence: positive_coef·exp(H) when its episode answered right,
     negative_coef when it did not (`correct` [S] bool, `h` [S] its entropy)."""
     return torch.where(correct, positive_coef * torch.exp(h), torch.full_like(h, negative_coef))
