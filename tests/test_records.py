@@ -1,7 +1,8 @@
-"""docs/records/study, the default study's archived records (utils/run/archive.py): every archived
-evaluation loads as 08 loads it, archive.json lists exactly what is there, and each seed's mean@4 and
-pass@k curve are the figures docs/RESULTS.md quotes for it (the three-seed table, the five-seed
-comparisons, the curve table), so the results and the records behind them cannot drift."""
+"""docs/records/study and docs/records/peers, the archived records of the default study and of the
+joint SFT+RL peers (utils/run/archive.py): every archived evaluation loads as 08 loads it, archive.json
+lists exactly what is there, and each seed's mean@4 and pass@k curve are the figures docs/RESULTS.md
+quotes for it (the three-seed table, the five-seed comparisons, the curve table, the peers' five-seed
+table), so the results and the records behind them cannot drift."""
 import json
 import re
 
@@ -12,12 +13,13 @@ from utils.core.manifest import read_manifest
 from utils.eval.compare import evaluation_dirs, find_run_dirs, load_evaluation
 
 RECORDS = ROOT / "docs" / "records" / "study"
+PEERS = ROOT / "docs" / "records" / "peers"
 RESULTS = ROOT / "docs" / "RESULTS.md"
 SEEDS = (1, 2, 3)  # the seeds of RESULTS' three-seed table
 
 
-def _evaluations():
-    return [load_evaluation(d, ROOT / "outputs") for d in evaluation_dirs(find_run_dirs([RECORDS]))]
+def _evaluations(records=RECORDS):
+    return [load_evaluation(d, ROOT / "outputs") for d in evaluation_dirs(find_run_dirs([records]))]
 
 
 def _three_seed_table() -> dict[str, list[float]]:
@@ -55,10 +57,10 @@ def _curve_table() -> tuple[list[int], list[int], dict[str, list[list[float]]]]:
     return seeds, ks, rows
 
 
-def _five_seed_table() -> tuple[list[int], dict[str, list[float]]]:
-    """(the seeds, {checkpoint: [mean@4 of each seed]}) from RESULTS' five-seed table, whose caption
-    names its seeds ("mean@4, seed 1 / seed 2 / ...")."""
-    seeds, text = _captioned("### The five-seed comparisons", "mean@4")
+def _five_seed_table(heading: str = "### The five-seed comparisons") -> tuple[list[int], dict[str, list[float]]]:
+    """(the seeds, {checkpoint: [mean@4 of each seed]}) from the per-seed table under RESULTS' `heading`,
+    whose caption names its seeds ("mean@4, seed 1 / seed 2 / ...")."""
+    seeds, text = _captioned(heading, "mean@4")
     rows = {}
     for line in text.split("\n\n", 2)[1].splitlines()[2:]:  # the table, below its header and rule
         name, cell = line.strip("| ").split(" | ")[:2]
@@ -66,18 +68,19 @@ def _five_seed_table() -> tuple[list[int], dict[str, list[float]]]:
     return seeds, rows
 
 
-def test_every_archived_evaluation_loads_and_the_index_lists_what_is_there():
-    evals = _evaluations()
-    assert evals, f"{RECORDS}: no archived evaluation"
+@pytest.mark.parametrize("records", [RECORDS, PEERS], ids=["study", "peers"])
+def test_every_archived_evaluation_loads_and_the_index_lists_what_is_there(records):
+    evals = _evaluations(records)
+    assert evals, f"{records}: no archived evaluation"
     for e in evals:
-        assert e.run == "study" and e.directory.parent.parent.name == f"seed_{e.seed}"
+        assert e.run == records.name and e.directory.parent.parent.name == f"seed_{e.seed}"
         assert e.metrics["n"] == len(e.scores) == 200 and e.primary == "mean_at_k"
-    index = json.loads((RECORDS / "archive.json").read_text())
-    folders = {p.parent.relative_to(RECORDS).as_posix() for p in RECORDS.rglob("manifest.json")}
+    index = json.loads((records / "archive.json").read_text())
+    folders = {p.parent.relative_to(records).as_posix() for p in records.rglob("manifest.json")}
     assert set(index) == folders
     for name, entry in index.items():
         assert entry["archived_on"] and entry["kind"] in ("evaluation", "training", "warmup")
-        assert read_manifest(RECORDS / name)["status"] == "completed"
+        assert read_manifest(records / name)["status"] == "completed"
 
 
 def test_each_seeds_mean_at_4_is_the_figure_results_quotes():
@@ -106,6 +109,18 @@ def test_each_seeds_mean_at_4_in_the_five_seed_table_is_the_archived_one():
     seeds, table = _five_seed_table()
     assert len(seeds) == 5 and {"sft_warmup", "grpo", "red", "fixed_sft", "matched_sft"} == set(table)
     archived = {(e.method, e.seed): e.metrics["mean@4"] for e in _evaluations()}
+    for method, figures in table.items():
+        assert len(figures) == len(seeds), (method, "a figure per seed named in the caption")
+        for seed, figure in zip(seeds, figures):
+            assert archived[(method, seed)] == pytest.approx(figure, abs=5.1e-5), (method, seed)
+
+
+def test_each_seeds_mean_at_4_in_the_peers_table_is_the_archived_one():
+    seeds, table = _five_seed_table("## The joint SFT+RL peers, five seeds")
+    assert seeds == [1, 2, 3, 9, 10]
+    assert {"sft_warmup", "grpo", "red", "chord_mu", "chord_phi", "hpt", "relift", "joint", "srft",
+            "srft_released"} == set(table)
+    archived = {(e.method, e.seed): e.metrics["mean@4"] for e in _evaluations(PEERS)}
     for method, figures in table.items():
         assert len(figures) == len(seeds), (method, "a figure per seed named in the caption")
         for seed, figure in zip(seeds, figures):
