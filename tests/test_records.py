@@ -68,6 +68,15 @@ def _five_seed_table(heading: str = "### The five-seed comparisons") -> tuple[li
     return seeds, rows
 
 
+def _assert_archived(seeds: list[int], table: dict[str, list[float]], records) -> None:
+    """Each (checkpoint, seed) figure of a per-seed mean@4 table is the one archived in `records`."""
+    archived = {(e.method, e.seed): e.metrics["mean@4"] for e in _evaluations(records)}
+    for method, figures in table.items():
+        assert len(figures) == len(seeds), (method, "a figure per seed named in the caption")
+        for seed, figure in zip(seeds, figures):
+            assert archived[(method, seed)] == pytest.approx(figure, abs=5.1e-5), (method, seed)
+
+
 @pytest.mark.parametrize("records", [RECORDS, PEERS], ids=["study", "peers"])
 def test_every_archived_evaluation_loads_and_the_index_lists_what_is_there(records):
     evals = _evaluations(records)
@@ -108,11 +117,7 @@ def test_each_seeds_curve_is_the_figure_results_quotes():
 def test_each_seeds_mean_at_4_in_the_five_seed_table_is_the_archived_one():
     seeds, table = _five_seed_table()
     assert len(seeds) == 5 and {"sft_warmup", "grpo", "red", "fixed_sft", "matched_sft"} == set(table)
-    archived = {(e.method, e.seed): e.metrics["mean@4"] for e in _evaluations()}
-    for method, figures in table.items():
-        assert len(figures) == len(seeds), (method, "a figure per seed named in the caption")
-        for seed, figure in zip(seeds, figures):
-            assert archived[(method, seed)] == pytest.approx(figure, abs=5.1e-5), (method, seed)
+    _assert_archived(seeds, table, RECORDS)
 
 
 def test_each_seeds_mean_at_4_in_the_peers_table_is_the_archived_one():
@@ -120,8 +125,4 @@ def test_each_seeds_mean_at_4_in_the_peers_table_is_the_archived_one():
     assert seeds == [1, 2, 3, 9, 10]
     assert {"sft_warmup", "grpo", "red", "chord_mu", "chord_phi", "hpt", "relift", "joint", "srft",
             "srft_released"} == set(table)
-    archived = {(e.method, e.seed): e.metrics["mean@4"] for e in _evaluations(PEERS)}
-    for method, figures in table.items():
-        assert len(figures) == len(seeds), (method, "a figure per seed named in the caption")
-        for seed, figure in zip(seeds, figures):
-            assert archived[(method, seed)] == pytest.approx(figure, abs=5.1e-5), (method, seed)
+    _assert_archived(seeds, table, PEERS)
