@@ -88,6 +88,7 @@ def main(argv=None) -> int:
                 corpus = repo_path(cfg.data.path) / tool.corpus
         except PrepareError as exc:
             raise StageError(str(exc)) from None
+        run.add_model(model_dir(cfg))
         tok = load_tokenizer(model_dir(cfg), cfg.model.trust_remote_code)
         chat = tok if cfg.model.templates.use_chat_template else None
         for split, rows in splits.items():

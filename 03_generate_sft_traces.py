@@ -39,6 +39,7 @@ def main(argv=None) -> int:
         run.add_input(train)
         rows = read_jsonl(train)
         wanted = cfg.traces.max_traces or len(rows)
+        run.add_model(model_dir(cfg))
         codec = Codec(load_tokenizer(model_dir(cfg), cfg.model.trust_remote_code), cfg.model.templates)
         source = cfg.traces.source
         job = TraceJob(cfg, run, rows, codec, wanted, rewards_dir, skipped)

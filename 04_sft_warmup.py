@@ -46,6 +46,7 @@ def main(argv=None) -> int:
         _, prepared = parent(run, cfg, "01_prepare_dataset")
         rewards_dir, _ = parent(run, cfg, "02_build_rewards")
         base = model_dir(cfg)
+        run.add_model(base)
         tok = load_tokenizer(base, cfg.model.trust_remote_code)
         examples = read_trace_examples(traces_dir / "sft_traces.jsonl")
         if not examples:

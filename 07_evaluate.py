@@ -90,6 +90,7 @@ def evaluate(cfg, args, name: str, shared: SharedEngine, codec: Codec) -> None:
         test_path = output_path(prepared, "/test.jsonl")
         for p in [test_path, rewards_dir / "reward_spec.yaml"] + ([adapter] if adapter else []):
             run.add_input(p)
+        run.add_model(model_dir(cfg))
         rows = read_jsonl(test_path)
         rows = rows[:args.limit] if args.limit else rows
         spec = read_spec(rewards_dir / "reward_spec.yaml")

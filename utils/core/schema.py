@@ -143,6 +143,9 @@ class DataConfig:
     max_steps: int = field(6, "Most subtasks per problem (generated data).")
     ops: list[str] = field(["+", "-"], "Operators (synthetic only).")
     operand_max: int = field(50, "Largest operand (generated data).")
+    templates: list[int] = field([], "GSM-Symbolic: reasoning-gym's template indices to draw from (empty: every "
+                                     "template it marks working); min_steps/max_steps bound an item's calculation "
+                                     "lines (utils/data/gsm_symbolic.py).")
     value_max: int = field(99, "Largest running value (synthetic only).")
 
 

@@ -192,6 +192,41 @@ def _generated_files(cfg, root: Path) -> list[str]:
             for d in stale_knobs(cfg, root, SIZE_KNOBS)]
 
 
+GENERATED_GSM8K = {"utils/data/word_problems.py": "word_problems", "utils/data/gsm_symbolic.py": "gsm_symbolic"}
+WORD_PROBLEM_KNOBS = ("seed", "min_steps", "max_steps", "operand_max", "n_train", "n_val", "n_test")
+
+
+def _generated_gsm8k_files(cfg, root: Path) -> list[str]:
+    """GSM8K-format files a generator wrote (word_problems, gsm_symbolic: their manifest.json says
+    which, and with what knobs) must be the config's: a knob that differs is refused, since the
+    files would not change with it; a split size below the files' is allowed (01 keeps a seeded
+    subsample of that many rows). Files with no manifest (GSM8K's own) are not checked."""
+    path = root / "manifest.json"
+    if not path.is_file():
+        return []
+    try:
+        made = json.loads(path.read_text())
+    except ValueError as exc:
+        raise StageError(f"{path}: not valid JSON ({exc}); regenerate the files with `bash download.sh "
+                         f"--dataset NAME`") from None
+    dataset = GENERATED_GSM8K.get(made.get("generator"))
+    if dataset is None:
+        return []
+    knobs = made.get("knobs") or {k: made.get("config", {}).get(k) for k in WORD_PROBLEM_KNOBS}
+    stale = []
+    for key, had in knobs.items():
+        now = getattr(cfg, key)
+        if key in SIZE_KNOBS and isinstance(had, int) and isinstance(now, int) and 0 < now <= had:
+            continue
+        if now != had:
+            stale.append(f"data.{key} is {now!r}, the files have {had!r}")
+    if stale:
+        raise StageError(f"{path}: the {dataset} files were generated with other settings ({'; '.join(stale)}); "
+                         f"regenerate them: bash download.sh --dataset {dataset} (another data config: add "
+                         f"--data-config FILE)")
+    return []
+
+
 @dataclass(frozen=True)
 class Adapter:
     """A dataset's parser of one native record into a `Row`, and an optional check of its files
@@ -208,7 +243,7 @@ class Adapter:
 ADAPTERS: Registry[Adapter] = Registry("dataset adapter", {a.name: a for a in (
     Adapter("synthetic_arith", _synthetic, _generated_files),
     Adapter("synthetic_lookup", _synthetic_lookup, _generated_files),
-    Adapter("gsm8k", _gsm8k),
+    Adapter("gsm8k", _gsm8k, _generated_gsm8k_files),
     Adapter("finqa", _finqa),
     Adapter("hotpotqa", _hotpotqa),
 )})

@@ -42,6 +42,14 @@ def _numbers(rng: random.Random) -> str:
     return rng.choice(["", "<answer>", "answer: ", "$ "]) + " ".join(rng.choice(NUMBERS) for _ in range(rng.randint(1, 5)))
 
 
+# answers that make a symbolic checker work: huge powers and factorials, deep nesting, long sums (the
+# numeric scorer's math-verify path, utils/reward/verify.py; benchmarks/reward_fuzz.py times them)
+HOSTILE_MATH = ("$9^{9^{9^{9}}}$", "\\boxed{10^{10^{10^{10}}}}", "$100000000!$", "$(((((((((2)))))))))^{999999999}$",
+                "$" + "{" * 500 + "1" + "}" * 500 + "$", "$" + "+".join(["x"] * 2000) + "$",
+                "\\boxed{\\frac{1}{0}}", "$\\sqrt[99999999]{2}^{99999999}$", "$" + "\\frac{1}{" * 300 + "2" + "}" * 300 + "$",
+                "$e^{e^{e^{e^{e^{e}}}}}$", "$\\sum_{k=1}^{10^{12}} k$", "$\\int_0^1 x^{x^{x}} dx$")
+
+
 KINDS = {"tags": _tags, "nested": _nested, "bytes": _bytes, "numbers": _numbers, "huge": _huge}
 
 

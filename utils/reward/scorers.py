@@ -4,9 +4,10 @@ Answer scorers (registered by name, `SCORERS`):
 - `em`   exact match after SQuAD normalisation (lower case, no punctuation/articles/extra spaces);
 - `f1`   SQuAD token F1, the best over the gold answers;
 - `cem`  cover EM: some normalised gold answer occurs inside the normalised prediction;
-- `numeric` the first number of the prediction's answer span equals a gold number within a relative
-  tolerance; it understands "1,234", "$5", "12%", "-3.50", "1/2" and "3.2e3", and a real model's free
-  text: `\\boxed{13}`, `#### 48`, "the answer is 7", `\\frac{1}{2}` (`answer_span`).
+- `numeric` the prediction's answer span (`answer_span`: `\\boxed{13}`, `#### 48`, "the answer is 7",
+  `\\frac{1}{2}`) equals a gold answer: a span that is one number ("1,234", "$5", "12%", "-3.50",
+  "1/2", "3.2e3") within a relative tolerance, anything else by math-verify under a time limit
+  (`score_numeric`, utils/reward/verify.py).
 `composite` turns an answer score and the protocol's format score (utils/agent/protocol.py) into
 the seed's reward `6·score − 3 + 0.1·format`, with the weights of the `reward` config section
 (`RewardConfig`, which the reward spec extends), plus two optional terms from the Recursive
@@ -124,15 +125,41 @@ def answer_span(text: str) -> str:
     return _FRAC.sub(r"\1/\2", text.replace("{,}", ",").replace("\\$", "$"))
 
 
+_BARE = re.compile(rf"\s*(?:{_NUMBER.pattern})\s*\.?\s*")
+
+
+def is_bare_number(span: str) -> bool:
+    """Whether an answer span is one number and nothing else ("18", "$1,234", "-3.50", "12%", "1/2",
+    "3.2e3", a trailing full stop allowed)."""
+    return _BARE.fullmatch(span) is not None
+
+
 def score_numeric(pred: str, golds: list[str], rel_tol: float = 1e-4) -> Scored:
-    value = parse_number(answer_span(pred))
-    if value is None:
-        return 0.0, {"pred_number": None, "matched": None}
-    for g in golds:
-        target = parse_number(g)
-        if target is not None and math.isclose(value, target, rel_tol=rel_tol, abs_tol=1e-9):
-            return 1.0, {"pred_number": value, "matched": g}
-    return 0.0, {"pred_number": value, "matched": None}
+    """1 when the prediction's answer span (`answer_span`) equals a gold answer, else 0.
+
+    A span that is one number (`is_bare_number`) is compared as a number with the gold numbers, within
+    `rel_tol`: the score a bare number had before math-verify. Any other span (free text, LaTeX, an
+    expression, a number with its unit) goes to math-verify (utils/reward/verify.py), which reads its
+    last expression and compares it with each gold symbolically, under a time limit (past it: 0,
+    `timed_out`). So "the total is 3 + 4 = 7", "40 minutes", "$2^{3}$" and "50%" against 0.5 are
+    right, and "12 apples and 5 pears" is scored by its 5, where the first number used to count."""
+    from utils.reward.verify import verify_equal
+
+    span = answer_span(pred)
+    if is_bare_number(span):
+        value = parse_number(span)
+        for g in golds:
+            target = parse_number(g)
+            if value is not None and target is not None and math.isclose(value, target, rel_tol=rel_tol, abs_tol=1e-9):
+                return 1.0, {"pred_number": value, "matched": g, "checked_by": "number"}
+        return 0.0, {"pred_number": value, "matched": None, "checked_by": "number"}
+    equal, timed_out = verify_equal(tuple(str(g) for g in golds), span)
+    info = {"pred_number": None, "matched": golds[0] if equal and len(golds) == 1 else None, "checked_by": "math_verify"}
+    if equal and len(golds) > 1:
+        info["matched"] = next((g for g in golds if verify_equal((str(g),), span)[0]), None)
+    if timed_out:
+        info["timed_out"] = True
+    return float(equal), info
 
 
 SCORERS: Registry[Callable[..., Scored]] = Registry("scorer", {

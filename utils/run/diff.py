@@ -6,6 +6,8 @@ prints what differs:
 
 - `status`, `seed`, `world_size`, `device`, the git commit and the package versions;
 - config keys, dotted, with both values;
+- the base model a stage loaded: its folder and each file's digest (utils/core/manifest.py
+  `model_identity`);
 - input, output and parent digests (paths inside the run are written `<run>/...`, so two run ids
   compare; a path only one side has is marked `only in A` / `only in B`);
 - metrics, with B − A for numbers.
@@ -30,7 +32,7 @@ from utils.core.manifest import MANIFEST_NAME, SEAL_KEY, VOLATILE_KEYS, read_man
 RUN_MANIFEST = "run_manifest.json"  # written by 09_driver.py (utils/driver.RunManifest)
 HIDDEN = (*VOLATILE_KEYS, SEAL_KEY, "warnings")  # always differ between two runs; shown with --all
 DIGESTS = ("inputs", "outputs", "parents")
-NESTED = ("config", "metrics", "versions", "git", *DIGESTS)  # compared key by key
+NESTED = ("config", "metrics", "versions", "git", "model", *DIGESTS)  # compared key by key
 
 
 def find_run(spec: str) -> Path:
@@ -130,6 +132,9 @@ def compare_stage(a: dict, b: dict, label: str) -> list[str]:
     lines = _top_level(a, b, (set(a) | set(b)) - {*HIDDEN, "config_sha256", *NESTED})
     for key in ("config", "metrics", "versions", "git"):
         lines += compare_section(key, a.get(key), b.get(key))
+    ma, mb = ({"path": m.get("path"), **{n: d[:12] for n, d in m.get("files", {}).items()}} if m else {}
+              for m in (a.get("model"), b.get("model")))
+    lines += compare_section("model", ma, mb, sep=" ")
     prefix_a, prefix_b = run_prefix(a, label), run_prefix(b, label)
     for key in DIGESTS:
         da = {_in_run(p, prefix_a): str(d)[:12] for p, d in (a.get(key) or {}).items()}  # digests: 12 hex digits

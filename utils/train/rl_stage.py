@@ -139,6 +139,7 @@ def run_rl_stage(stage: str, description: str, argv: list[str], default_algorith
                          f"{world.size} processes: each rank rolls out whole questions")
     with StageRun(f"{stage}/{method}", out, stage_config(cfg, stage), cfg.seed, writer=world.main) as run:
         run.data["world_size"] = world.size
+        run.add_model(model_dir(cfg))
         adapter, traces, train_path, spec_path = _inputs(run, cfg)
         logged = to_dict(cfg)  # the config as the manifest hashed it, for wandb too
         if cfg.algorithm.sft.match_red:
