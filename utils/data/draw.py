@@ -1,4 +1,5 @@
-"""Drawing a generated dataset's splits: disjoint, in a fixed order, with a bound on the draws.
+"""Drawing a generated dataset's splits (disjoint, in a fixed order, with a bound on the draws) and
+writing them whole.
 
 The generated tasks (utils/data/synthetic.py, lookup.py, word_problems.py) each draw problems from a
 seeded generator until every split is full; what makes two problems the same differs by task
@@ -6,6 +7,11 @@ seeded generator until every split is full; what makes two problems the same dif
 """
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
+from utils.core.manifest import atomic_write_json, path_sha256, publish_dir
 from utils.data.adapters import SPLITS
 
 
@@ -29,3 +35,28 @@ def draw_splits(sizes: dict[str, int], draw, key, too_few: str) -> dict[str, lis
             rows.append(item)
         out[split] = rows
     return out
+
+
+def up_to_date(out_dir: Path, digest: str) -> bool:
+    """Whether `out_dir` already holds the files of the generator settings hashed as `digest`."""
+    try:
+        return json.loads((out_dir / "manifest.json").read_text()).get("config_sha256") == digest
+    except (OSError, ValueError):
+        return False
+
+
+def publish_splits(out_dir: Path, splits: dict[str, list[dict]], manifest: dict) -> None:
+    """Write each split as `<split>.jsonl` and `manifest` (plus the files' hashes and counts) into a
+    folder beside `out_dir`, then move it into place whole (`publish_dir`): a killed writer never
+    leaves half a dataset."""
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    files = {}
+    for split, rows in splits.items():
+        path = tmp / f"{split}.jsonl"
+        path.write_text("".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows))
+        files[path.name] = path_sha256(path)
+    atomic_write_json(tmp / "manifest.json", {**manifest, "files": files,
+                                              "counts": {s: len(r) for s, r in splits.items()}})
+    publish_dir(tmp, out_dir)

@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import warnings
 from collections import Counter
 from importlib import metadata
 from pathlib import Path
 
-from utils.core.manifest import atomic_write_json, config_sha256, path_sha256, publish_dir
-from utils.data.draw import draw_splits
+from utils.core.manifest import config_sha256
+from utils.data.draw import draw_splits, publish_splits, up_to_date
 from utils.data.worked_lines import line_calculations
 
 GENERATOR_VERSION = 1
@@ -146,28 +145,15 @@ def write_gsm_symbolic(cfg, out_dir: Path) -> Path:
     knobs = {k: getattr(cfg, k) for k in KNOBS}
     version = metadata.version(PACKAGE)
     digest = config_sha256({"knobs": knobs, "generator": GENERATOR_VERSION, PACKAGE: version})
-    try:
-        if json.loads((out_dir / "manifest.json").read_text()).get("config_sha256") == digest:
-            print(f"gsm_symbolic: {out_dir} is up to date")
-            return out_dir
-    except (OSError, ValueError):
-        pass
+    if up_to_date(out_dir, digest):
+        print(f"gsm_symbolic: {out_dir} is up to date")
+        return out_dir
     splits, seen = generate(cfg)
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    files = {}
-    for split, rows in splits.items():
-        path = tmp / f"{split}.jsonl"
-        path.write_text("".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows))
-        files[path.name] = path_sha256(path)
-    counts = {s: len(r) for s, r in splits.items()}
     decomposed = {s: sum(r["outcome"] == "decomposed" for r in rows) for s, rows in splits.items()}
-    atomic_write_json(tmp / "manifest.json", {
+    publish_splits(out_dir, splits, {
         "generator": "utils/data/gsm_symbolic.py", "generator_version": GENERATOR_VERSION,
         "package": {"name": PACKAGE, "version": version, "task": "gsm_symbolic", "difficulty": 1.0},
-        "config": to_dict(cfg), "knobs": knobs, "config_sha256": digest, "files": files, "counts": counts,
-        "decomposed": decomposed, **seen})
-    publish_dir(tmp, out_dir)
-    print(f"gsm_symbolic: wrote {out_dir} {counts}, with a gold decomposition {decomposed}")
+        "config": to_dict(cfg), "knobs": knobs, "config_sha256": digest, "decomposed": decomposed, **seen})
+    print(f"gsm_symbolic: wrote {out_dir} {({s: len(r) for s, r in splits.items()})}, with a gold decomposition "
+          f"{decomposed}")
     return out_dir

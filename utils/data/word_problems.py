@@ -16,15 +16,13 @@ config): `seed`, `n_train`/`n_val`/`n_test`, `min_steps`/`max_steps` (which temp
 """
 from __future__ import annotations
 
-import json
 import random
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from utils.core.manifest import atomic_write_json, config_sha256, path_sha256, publish_dir
-from utils.data.draw import draw_splits
+from utils.core.manifest import config_sha256
+from utils.data.draw import draw_splits, publish_splits, up_to_date
 
 GENERATOR_VERSION = 3  # raised whenever the same config would write other files: an older folder is rewritten
 NAMES = (("Ana", "she"), ("Ben", "he"), ("Carla", "she"), ("Dev", "he"), ("Elena", "she"), ("Farid", "he"),
@@ -185,25 +183,12 @@ def write_word_problems(cfg, out_dir: Path) -> Path:
     from utils.core.config import to_dict
 
     digest = config_sha256({"config": to_dict(cfg), "generator": GENERATOR_VERSION})
-    try:
-        if json.loads((out_dir / "manifest.json").read_text()).get("config_sha256") == digest:
-            print(f"word_problems: {out_dir} is up to date")
-            return out_dir
-    except (OSError, ValueError):
-        pass
+    if up_to_date(out_dir, digest):
+        print(f"word_problems: {out_dir} is up to date")
+        return out_dir
     splits = generate(cfg)
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    files = {}
-    for split, rows in splits.items():
-        path = tmp / f"{split}.jsonl"
-        path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
-        files[path.name] = path_sha256(path)
-    atomic_write_json(tmp / "manifest.json", {"generator": "utils/data/word_problems.py", "config": to_dict(cfg),
-                                              "config_sha256": digest, "generator_version": GENERATOR_VERSION, "files": files,
-                                              "counts": {s: len(r) for s, r in splits.items()},
-                                              "templates": sorted(TEMPLATES)})
-    publish_dir(tmp, out_dir)
+    publish_splits(out_dir, splits, {"generator": "utils/data/word_problems.py", "config": to_dict(cfg),
+                                     "config_sha256": digest, "generator_version": GENERATOR_VERSION,
+                                     "templates": sorted(TEMPLATES)})
     print(f"word_problems: wrote {out_dir} {({s: len(r) for s, r in splits.items()})}")
     return out_dir
