@@ -122,3 +122,28 @@ def test_a_generator_setting_the_files_were_not_written_with_is_refused(tmp_path
                                              r"bash download.sh --dataset gsm_symbolic"):
             check(_config(**{"n_train": 30, "n_val": 5, "n_test": 5, knob: value}), out)
     assert check(cfg, tmp_path) == []  # a folder no generator wrote (GSM8K's own files) is not checked
+
+
+def test_03_refuses_a_generation_budget_below_the_longest_gold_turn(prepared, capsys):
+    """A demonstrated turn the sampler would cut off (SmolLM2's gold executor replies on GSM-Symbolic
+    reach 44 tokens; the model's budget was 32) is named with the setting that fixes it."""
+    from helpers import run_stage
+    from utils.agent.traces import longest_turns, read_trace_examples
+
+    out, args = prepared
+    assert run_stage("03_generate_sft_traces", out, *args) == 0
+    longest = longest_turns(read_trace_examples(out / "t" / "03_generate_sft_traces" / "sft_traces.jsonl"))
+    n = longest["executor"][0]
+    assert run_stage("03_generate_sft_traces", out, *args, "--set", f"agent.max_new_tokens_executor={n - 1}") == 1
+    err = capsys.readouterr().err
+    assert (f"agent.max_new_tokens_executor={n - 1}: a gold executor turn of question {longest['executor'][1]} is {n} "
+            f"tokens") in err and f"--set agent.max_new_tokens_executor={n}" in err, err
+    assert run_stage("03_generate_sft_traces", out, *args, "--set", f"agent.max_new_tokens_executor={n}") == 0
+
+
+def test_longest_turns_reads_each_run_of_trained_tokens():
+    from utils.agent.traces import Example, longest_turns
+
+    examples = [Example("q1", "planner", [1] * 8, [0, 1, 1, 0, 1, 1, 1, 0]), Example("q2", "planner", [1] * 4, [1] * 4),
+                Example("q3", "executor", [1] * 3, [0, 1, 1])]
+    assert longest_turns(examples) == {"planner": (4, "q2"), "executor": (2, "q3")}

@@ -299,6 +299,21 @@ def trace_from_episode(ep: Episode) -> tuple[Trace, list[Example]]:
     return trace, episode_sequences(ep)
 
 
+def longest_turns(examples: list[Example]) -> dict[str, tuple[int, str]]:
+    """Per role, the longest trained span (one generated turn: a run of mask 1) and its question id."""
+    out: dict[str, tuple[int, str]] = {}
+    for e in examples:
+        run = 0
+        for m in [*e.mask, 0]:  # the 0 closes a span that ends the example
+            if m:
+                run += 1
+                continue
+            if run > out.get(e.role, (0, ""))[0]:
+                out[e.role] = (run, e.qid)
+            run = 0
+    return out
+
+
 def trace_record(trace: Trace, examples: list[Example], source: str) -> dict:
     return {"qid": trace.qid, "question": trace.question, "answer": trace.answer, "source": source,
             "planner_turns": trace.planner_turns, "executor_calls": [list(c) for c in trace.executor_calls],
