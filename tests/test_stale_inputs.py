@@ -57,3 +57,12 @@ def test_a_generator_setting_the_files_lack_is_named_before_anything_runs(tmp_pa
     assert (f"00_check_data: would run (never ran; it will stop: {data / 'manifest.json'}: the gsm_symbolic files were "
             f"generated with other settings (data.seed is {cfg.seed + 1}, the files have {cfg.seed}); regenerate them: "
             f"bash download.sh --dataset gsm_symbolic") in moved, moved
+
+
+def test_diff_names_the_model_file_that_differs():
+    from utils.run.diff import compare_stage
+
+    a = {"stage": "04_sft_warmup", "model": {"path": "models/x", "files": {"config.json": "a" * 64, "w.safetensors": "b" * 64}}}
+    b = {"stage": "04_sft_warmup", "model": {"path": "models/x", "files": {"config.json": "a" * 64, "w.safetensors": "c" * 64}}}
+    assert compare_stage(a, b, "04_sft_warmup") == ['  model w.safetensors: A "bbbbbbbbbbbb" | B "cccccccccccc"']
+    assert compare_stage(a, a, "04_sft_warmup") == []
