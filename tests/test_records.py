@@ -126,3 +126,17 @@ def test_each_seeds_mean_at_4_in_the_peers_table_is_the_archived_one():
     assert {"sft_warmup", "grpo", "red", "chord_mu", "chord_phi", "hpt", "relift", "joint", "srft",
             "srft_released"} == set(table)
     _assert_archived(seeds, table, PEERS)
+
+
+def test_the_real_model_run_on_gsm_symbolic_holds_the_figures_its_journal_entry_quotes():
+    """docs/records/real_smollm2: the README's real-model command on GSM-Symbolic, seed 1 (journal
+    2026-12-07-gsm-symbolic.md): greedy accuracy and mean@4 on the 100 test items per checkpoint."""
+    records = ROOT / "docs" / "records" / "real_smollm2"
+    quoted = {"base": (0.0, 0.0), "sft_warmup": (0.0, 0.01), "red": (0.01, 0.0075), "grpo": (0.0, 0.0075)}
+    evals = {e.method: e for e in _evaluations(records)}
+    assert set(evals) == set(quoted)
+    for method, (greedy, mean4) in quoted.items():
+        m = evals[method].metrics
+        assert m["n"] == 100 and (m["accuracy"], m["mean@4"]) == pytest.approx((greedy, mean4), abs=5.1e-5), method
+    entry = (ROOT / "docs" / "journal" / "2026-12-07-gsm-symbolic.md").read_text()
+    assert "| sft_warmup | 0.00 | 0.0100 |" in entry and "| grpo | 0.00 | 0.0075 |" in entry
