@@ -1,6 +1,6 @@
 """The pipeline on a real pretrained model: SmolLM2-135M-Instruct (a BPE tokenizer of 49,152 entries,
 a ChatML template, 30 layers), fetched offline by `download.sh --model smollm2-135m-instruct`
-(utils/core/model_sources.py), on GSM-Symbolic generated through reasoning-gym (utils/data/gsm_symbolic.py).
+(utils/core/model_sources.py), on the generated word problems (utils/data/word_problems.py).
 
 Stages 00 -> 04 train a protocol adapter in a few steps and 06 takes one GRPO step from it, as a user's
 run would; the tests then check what a character-level model cannot show: token-in/token-out across
@@ -42,18 +42,18 @@ def real_model():
 def real_run(real_model, tmp_path_factory):
     """outputs of 00 -> 04 and one grpo step (06) on the real model: (outputs, the run's config)."""
     from utils.core.loader import load_run_config
-    from utils.data.gsm_symbolic import write_gsm_symbolic
+    from utils.data.word_problems import write_word_problems
 
     root = tmp_path_factory.mktemp("real")
-    cfg = load_run_config(MODEL, "grpo", "gsm_symbolic", TINY_REAL)
-    data = write_gsm_symbolic(cfg.data, root / "gsm_symbolic")
-    flags = ["--model", MODEL, "--data", "gsm_symbolic", *set_args(*TINY_REAL, f"data.path={data}")]
+    cfg = load_run_config(MODEL, "grpo", "word_problems", TINY_REAL)
+    data = write_word_problems(cfg.data, root / "word_problems")
+    flags = ["--model", MODEL, "--data", "word_problems", *set_args(*TINY_REAL, f"data.path={data}")]
     out = root / "outputs"
     for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces",
                   "04_sft_warmup"):
         assert run_stage(stage, out, *flags) == 0, stage
     assert _grpo_step(out, *flags) == 0
-    cfg = load_run_config(MODEL, "grpo", "gsm_symbolic", [*TINY_REAL, f"data.path={data}", f"model.path={real_model}"])
+    cfg = load_run_config(MODEL, "grpo", "word_problems", [*TINY_REAL, f"data.path={data}", f"model.path={real_model}"])
     return out / "t", cfg
 
 
