@@ -28,15 +28,17 @@ from utils.data.trace_sources import TRACE_SOURCES, TraceJob
 STAGE = "03_generate_sft_traces"
 
 
-def _fits_the_sampler(cfg, examples) -> None:
-    """A demonstrated turn longer than its role's generation budget would be taught by 04 and cut off
-    in every rollout and evaluation: refused, naming the setting."""
+def _fits_the_sampler(cfg, examples) -> list[str]:
+    """A demonstrated turn longer than its role's generation budget is taught by 04 and cut off in
+    every rollout and evaluation: a warning naming the setting (printed, and kept in the manifest)."""
+    out = []
     for role, (length, qid) in sorted(longest_turns(examples).items()):
         key = f"agent.max_new_tokens_{role}"
         budget = getattr(cfg.agent, key.split(".")[1])
         if length > budget:
-            raise StageError(f"{key}={budget}: a gold {role} turn of question {qid} is {length} tokens, so the "
-                             f"sampler would cut it off; raise {key} to at least {length} (--set {key}={length})")
+            out.append(f"{key}={budget}: a gold {role} turn of question {qid} is {length} tokens, so the sampler "
+                       f"would cut it off; raise {key} to at least {length} (--set {key}={length})")
+    return out
 
 
 def main(argv=None) -> int:
@@ -61,7 +63,9 @@ def main(argv=None) -> int:
             cap = f" and traces.max_subtasks={cfg.traces.max_subtasks}" if cfg.traces.max_subtasks else ""
             why = "".join(f"; {n} × {k}" for k, n in list(skipped_stats(skipped)["reasons"].items())[:3])
             raise StageError(f"no usable traces from {len(rows)} rows of {train} with source '{source}'{cap}{why}")
-        _fits_the_sampler(cfg, [e for _, ex in pairs for e in ex])
+        for warning in _fits_the_sampler(cfg, [e for _, ex in pairs for e in ex]):
+            run.warnings.append(warning)
+            print(f"{STAGE}: warning: {warning}", file=sys.stderr)
         records = [trace_record(t, ex, source) for t, ex in pairs]
         write_jsonl(out / "sft_traces.jsonl", records)
         stats = trace_stats(records, [e for _, ex in pairs for e in ex], len(rows), accepted,
