@@ -95,6 +95,9 @@ def _tail(left: str) -> str | None:
     return expr[1:-1] if re.fullmatch(r"\(\d+/\d+\)", expr) else expr
 
 
+_APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b}
+
+
 def evaluate(expr: str) -> Fraction | None:
     """`expr` (numbers, + - * /, brackets) evaluated exactly, or None when it does not parse or
     divides by zero. A small recursive-descent parser: no eval()."""
@@ -120,25 +123,18 @@ def evaluate(expr: str) -> Fraction | None:
         pos += 1
         return Fraction(toks[pos - 1])
 
-    def mul():
-        nonlocal pos
-        value = atom()
-        while pos < len(toks) and toks[pos] in "*/":
-            op = toks[pos]
-            pos += 1
-            rhs = atom()
-            value = value * rhs if op == "*" else value / rhs
-        return value
+    def level(ops: str, inner):  # one precedence level: inner (op inner)*, left to right
+        def parse():
+            nonlocal pos
+            value = inner()
+            while pos < len(toks) and toks[pos] in ops:
+                op = toks[pos]
+                pos += 1
+                value = _APPLY[op](value, inner())
+            return value
+        return parse
 
-    def add():
-        nonlocal pos
-        value = mul()
-        while pos < len(toks) and toks[pos] in "+-":
-            op = toks[pos]
-            pos += 1
-            rhs = mul()
-            value = value + rhs if op == "+" else value - rhs
-        return value
+    add = level("+-", level("*/", atom))
 
     try:
         value = add()
