@@ -49,4 +49,4 @@ def test_a_hostile_answer_is_cut_off_at_the_limit_and_the_next_check_still_works
     t = threading.Thread(target=lambda: results.append(verify_equal(("7",), "we get 3 + 4 = 7")))
     t.start()
     t.join(60)
-    assert results == [(True, False)]  # off the main thread, where math-verify's own alarm cannot work
+    assert results == [(0, False)]  # the first gold matched, off the main thread, where math-verify's own alarm cannot work

@@ -32,7 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from utils.core.config import ROOT
+from utils.core.config import ROOT, repo_path
 from utils.core.faults import fault_point
 from utils.core.lock import RunLock
 
@@ -101,7 +101,7 @@ def model_identity(path: Path) -> dict:
 def model_changes(recorded: dict) -> str | None:
     """None when the model folder a manifest recorded (`model_identity`) still holds the same files,
     else what differs, e.g. `models/x: model.safetensors changed`."""
-    folder = ROOT / recorded["path"] if not Path(recorded["path"]).is_absolute() else Path(recorded["path"])
+    folder = repo_path(recorded["path"])
     if not folder.is_dir():
         return f"{recorded['path']}: missing"
     now, then = model_identity(folder)["files"], recorded.get("files", {})

@@ -41,6 +41,7 @@ from pathlib import Path
 from utils.core.manifest import config_sha256
 from utils.data.draw import draw_splits, publish_splits, up_to_date
 from utils.data.worked_lines import line_calculations
+from utils.reward.scorers import parse_number
 
 GENERATOR_VERSION = 1
 PACKAGE = "reasoning-gym"
@@ -76,16 +77,10 @@ def annotate(solution: str) -> tuple[str | None, int, str]:
             parts[k + 1] = f"<<{expr}={shown}>>{parts[k + 1]}"
             last = shown
         lines.append("=".join(parts))
-    if last is None or last.rstrip("%") != final.strip() and _value(last) != _value(final):
+    if last is None or last.rstrip("%") != final.strip() and parse_number(last) != parse_number(final):
         outcome = "no_decomposition" if outcome == "decomposed" else outcome
     text = "\n".join(lines) + f"\n#### {final.strip()}"
     return (text if outcome == "decomposed" else None), n_lines, outcome
-
-
-def _value(text: str) -> float | None:
-    from utils.reward.scorers import parse_number
-
-    return parse_number(text)
 
 
 def _knob_errors(cfg, known: list[int]) -> None:

@@ -20,6 +20,7 @@ problem no gold decomposition).
 from __future__ import annotations
 
 import math
+import operator
 import re
 from fractions import Fraction
 
@@ -95,7 +96,7 @@ def _tail(left: str) -> str | None:
     return expr[1:-1] if re.fullmatch(r"\(\d+/\d+\)", expr) else expr
 
 
-_APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b}
+_APPLY = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
 
 
 def evaluate(expr: str) -> Fraction | None:

@@ -153,13 +153,11 @@ def score_numeric(pred: str, golds: list[str], rel_tol: float = 1e-4) -> Scored:
             if value is not None and target is not None and math.isclose(value, target, rel_tol=rel_tol, abs_tol=1e-9):
                 return 1.0, {"pred_number": value, "matched": g, "checked_by": "number"}
         return 0.0, {"pred_number": value, "matched": None, "checked_by": "number"}
-    equal, timed_out = verify_equal(tuple(str(g) for g in golds), span)
-    info = {"pred_number": None, "matched": golds[0] if equal and len(golds) == 1 else None, "checked_by": "math_verify"}
-    if equal and len(golds) > 1:
-        info["matched"] = next((g for g in golds if verify_equal((str(g),), span)[0]), None)
+    matched, timed_out = verify_equal(tuple(str(g) for g in golds), span)
+    info = {"pred_number": None, "matched": None if matched is None else golds[matched], "checked_by": "math_verify"}
     if timed_out:
         info["timed_out"] = True
-    return float(equal), info
+    return float(matched is not None), info
 
 
 SCORERS: Registry[Callable[..., Scored]] = Registry("scorer", {

@@ -60,8 +60,8 @@ class _Child:
             self.proc.wait()
             self.proc = None
 
-    def ask(self, golds: tuple[str, ...], pred: str, limit: float) -> tuple[bool, bool]:
-        """(equal, timed out)."""
+    def ask(self, golds: tuple[str, ...], pred: str, limit: float) -> tuple[int | None, bool]:
+        """(the index of the first gold equal to `pred`, or None; timed out)."""
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
                 self._start()
@@ -70,22 +70,22 @@ class _Child:
                 self.proc.stdin.flush()
             except BrokenPipeError:
                 self._kill()
-                return False, False
+                return None, False
             t0 = time.monotonic()
             answer = self._read(limit)
             if answer is None:
                 self._kill()
-                return False, time.monotonic() - t0 >= limit
-            return bool(answer.get("equal")), False
+                return None, time.monotonic() - t0 >= limit
+            return answer.get("matched"), False
 
 
 _CHILD = _Child()
 
 
 @lru_cache(maxsize=65_536)
-def verify_equal(golds: tuple[str, ...], pred: str, limit: float = VERIFY_TIMEOUT_S) -> tuple[bool, bool]:
-    """Whether math-verify finds `pred` equal to one of `golds`, and whether it ran out of time
-    (then: not equal). Never raises on `pred`."""
+def verify_equal(golds: tuple[str, ...], pred: str, limit: float = VERIFY_TIMEOUT_S) -> tuple[int | None, bool]:
+    """The index of the first of `golds` math-verify finds equal to `pred` (None: none), and whether it
+    ran out of time (then: None). Never raises on `pred`."""
     return _CHILD.ask(golds, str(pred)[-MAX_VERIFIED_CHARS:], limit)
 
 
@@ -104,10 +104,11 @@ def _serve() -> None:
         try:
             ask = json.loads(line)
             pred = parse(ask["pred"], parsing_timeout=None)
-            equal = any(verify(parse(g, parsing_timeout=None), pred, timeout_seconds=None) for g in ask["golds"])
+            matched = next((k for k, g in enumerate(ask["golds"])
+                            if verify(parse(g, parsing_timeout=None), pred, timeout_seconds=None)), None)
         except Exception:  # noqa: BLE001 - a prediction math-verify cannot handle is not equal
-            equal = False
-        print(json.dumps({"equal": bool(equal)}), file=out, flush=True)
+            matched = None
+        print(json.dumps({"matched": matched}), file=out, flush=True)
     os._exit(0)
 
 
