@@ -24,10 +24,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from utils.agent.merge import lora_deltas, weight_files
+from utils.agent.merge import MergedWeights, weight_files
 from utils.agent.sampling import BatchedCalls, Engine, Sample, SamplingSpec, truncate_at_stop
 from utils.agent.served import OpenAIEngine
 from utils.agent.vllm_compat import in_process, skip_logprob_token_text
+from utils.core.heap import release_freed_memory
 from utils.core.models import check_remote_code, load_causal_lm, load_tokenizer
 from utils.core.schema import EngineConfig
 from utils.core.tensors import pad
@@ -155,7 +156,7 @@ class HFEngine(BatchedCalls):
         pass
 
 
-def _reload_in_worker(weights: list, worker) -> None:
+def _reload_in_worker(weights, worker) -> None:
     """Runs in vLLM's worker process (a pickled callable: plain collective_rpc arguments lose their
     tensor types on the way)."""
     worker.reload_weights(weights_iterator=iter(weights))
@@ -200,6 +201,7 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gb * 2**30)
         with in_process(cfg.in_process):
             self.llm = LLM(**kwargs)
+        release_freed_memory()  # what the start-up's profiling pass freed (utils/core/heap.py)
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = cfg.max_model_len
         self._next_id = 1
@@ -207,7 +209,6 @@ class VLLMEngine:
         self._pending: dict[str, object] = {}  # vLLM request id -> the caller's key
         self._next_request = 0
         self.model_path = model_path
-        self._base: dict = {}  # merged serving: the base model's weights, read once
         self.fast_logprobs = True  # submit: no text for log-prob entries (vllm_compat.skip_logprob_token_text)
 
     def set_adapter(self, path: Path | None) -> None:
@@ -231,18 +232,14 @@ class VLLMEngine:
         the prefix cache: its KV blocks belong to the old weights."""
         import functools
 
-        from safetensors.torch import load_file
-
-        deltas = lora_deltas(path) if path is not None else {}
-        if not self._base:
-            for file in weight_files(self.model_path):
-                self._base.update(load_file(str(file)))
-        unknown = sorted(set(deltas) - set(self._base))
+        release_freed_memory()  # the trainer's freed activations, before the reload allocates (utils/core/heap.py)
+        weights = MergedWeights(weight_files(self.model_path), path)
+        unknown = sorted(set(weights.factors) - weights.names())
         if unknown:
             raise ValueError(f"{path}: adapter targets {unknown[0]}, which {self.model_path} does not have")
-        weights = [(n, (w.float() + deltas[n]).to(w.dtype) if n in deltas else w) for n, w in self._base.items()]
         self.llm.collective_rpc(functools.partial(_reload_in_worker, weights))
         self.llm.reset_prefix_cache()
+        release_freed_memory()
 
     def loaded_adapters(self) -> set[int]:
         return set(self.llm.llm_engine.list_loras())

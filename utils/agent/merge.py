@@ -10,6 +10,48 @@ from pathlib import Path
 def lora_deltas(adapter_dir: Path) -> dict:
     """Base weight name -> the fp32 update a peft LoRA adapter adds to it: scale·B·A, with scale
     alpha/r (alpha/sqrt(r) under rsLoRA). Variants whose update is not of that form are refused."""
+    scale, factors = lora_factors(adapter_dir)
+    return {name: _delta(scale, a, b) for name, (a, b) in factors.items()}
+
+
+def _delta(scale: float, a, b):
+    return scale * (b.float() @ a.float())
+
+
+class MergedWeights:
+    """(name, weight) of every tensor in a model's safetensors files, each LoRA target as W + scale·B·A
+    (the same fp32 arithmetic as `lora_deltas`), read and merged one tensor at a time as it is
+    iterated: the engine's merged reload never holds a second copy of the model. It pickles as the
+    file paths and the adapter's small factors, so it crosses to a spawned engine's worker too."""
+
+    def __init__(self, files: list[Path], adapter_dir: Path | None):
+        self.files = [str(f) for f in files]
+        self.scale, self.factors = lora_factors(adapter_dir) if adapter_dir is not None else (1.0, {})
+
+    def names(self) -> set[str]:
+        from safetensors import safe_open
+
+        out: set[str] = set()
+        for file in self.files:
+            with safe_open(file, "pt") as f:
+                out.update(f.keys())
+        return out
+
+    def __iter__(self):
+        from safetensors import safe_open
+
+        for file in self.files:
+            with safe_open(file, "pt") as f:
+                for name in f.keys():
+                    w = f.get_tensor(name)
+                    if name in self.factors:
+                        w = (w.float() + _delta(self.scale, *self.factors[name])).to(w.dtype)
+                    yield name, w
+
+
+def lora_factors(adapter_dir: Path) -> tuple[float, dict]:
+    """(scale, {base weight name: (A, B)}) of a peft LoRA adapter: its update to that weight is
+    scale·B·A. Variants whose update is not of that form are refused."""
     from safetensors.torch import load_file
 
     cfg_path = adapter_dir / "adapter_config.json"
@@ -24,13 +66,12 @@ def lora_deltas(adapter_dir: Path) -> dict:
     r = cfg["r"]
     scale = cfg["lora_alpha"] / (math.sqrt(r) if cfg.get("use_rslora") else r)
     tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
-    deltas = {}
+    factors = {}
     for key, a in tensors.items():
         if key.endswith(".lora_A.weight"):
             prefix = key[:-len(".lora_A.weight")]
-            b = tensors[prefix + ".lora_B.weight"]
-            deltas[prefix.removeprefix("base_model.model.") + ".weight"] = scale * (b.float() @ a.float())
-    return deltas
+            factors[prefix.removeprefix("base_model.model.") + ".weight"] = (a, tensors[prefix + ".lora_B.weight"])
+    return scale, factors
 
 
 def weight_files(model_dir: Path) -> list[Path]:

@@ -38,6 +38,7 @@ from utils.agent.protocol import (ANSWER, EXECUTOR, EXECUTOR_STOPS, PLANNER, PLA
                                   SEARCHER_STOPS, extract_tag, format_score, last_action)
 from utils.agent.retrieval import QueryTooLong, render_information
 from utils.core.faults import fault_point
+from utils.core.heap import release_freed_memory
 from utils.core.schema import RunConfig, TemplatesConfig
 
 @dataclass
@@ -156,6 +157,7 @@ class Rollout:
                 self._start(episodes, on_group(g, episodes[g * n:(g + 1) * n]), seed, step)
             done = self.engine.poll()
             if not done:
+                release_freed_memory()  # the engine's freed activations, before the caller's phase (utils/core/heap.py)
                 return episodes
             fault_point("rollout")  # the kill-anywhere test's cut (utils/core/faults.py)
             for (role, i, turn, call), sample in done:

@@ -26,6 +26,7 @@ from typing import Callable
 from utils.agent.episode import Example
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
 from utils.core.faults import fault_point
+from utils.core.heap import release_freed_memory
 from utils.core.schema import MemoryConfig, WarmupConfig
 from utils.core.stream import Cursor, take
 from utils.core.tracking import MetricsLogger, NullLogger
@@ -97,6 +98,7 @@ class SftLoop:
     def _evaluate(self) -> None:
         if self.validate is None:
             return
+        release_freed_memory()  # the steps' freed activations, before the engine serves (utils/core/heap.py)
         result = self.validate(self.ckpt / "eval_current", self.state.step)
         self.state.history.append({"step": self.state.step, **result})
         metric = result["accuracy"]
