@@ -26,6 +26,7 @@ from utils.core.stages import StageError, model_dir, output_path, parent, run_ma
 from utils.eval.evaluation import Validator
 from utils.reward.spec import read_spec
 from utils.train.policy import load_policy
+from utils.train.preflight import check_memory
 from utils.train.sft_trainer import SftLoop
 from utils.train.world import join_world
 
@@ -40,8 +41,10 @@ def main(argv=None) -> int:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     world = join_world(cfg.model.device)
+    estimate = check_memory(STAGE, cfg, model_dir(cfg), engine=world.main)  # before anything is written
     with StageRun(STAGE, out, stage_config(cfg, STAGE), cfg.seed, writer=world.main) as run:
         run.data["world_size"] = world.size
+        run.data["memory_estimate_gib"] = estimate
         traces_dir, _ = parent(run, cfg, "03_generate_sft_traces")
         _, prepared = parent(run, cfg, "01_prepare_dataset")
         rewards_dir, _ = parent(run, cfg, "02_build_rewards")

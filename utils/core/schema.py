@@ -44,6 +44,10 @@ class MemoryConfig:
                                                   "instead of keeping them (transformers' gradient "
                                                   "checkpointing, non-reentrant): less memory per token, one "
                                                   "more forward of each layer in the backward.")
+    preflight: bool = field(True, "On a CPU, 04 and the RL stages estimate their peak resident memory before "
+                                  "loading the model and stop at once, naming the setting to change, where the "
+                                  "machine's available memory is short (utils/train/preflight.py). false runs "
+                                  "anyway.")
 
 
 @dataclass

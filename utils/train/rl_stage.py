@@ -26,6 +26,7 @@ from utils.core.stages import StageError, model_dir, output_path, parent, stage_
 from utils.core.tracking import MetricsLogger, NullLogger
 from utils.reward.spec import read_spec
 from utils.train.policy import add_reference, load_policy
+from utils.train.preflight import check_memory
 from utils.train.questions import rl_questions
 from utils.train.world import SOLO, World, join_world
 
@@ -137,8 +138,10 @@ def run_rl_stage(stage: str, description: str, argv: list[str], default_algorith
     if world.size > cfg.algorithm.rl.questions_per_step and cfg.algorithm.rl.enabled:
         raise StageError(f"algorithm.rl.questions_per_step={cfg.algorithm.rl.questions_per_step} is fewer than the "
                          f"{world.size} processes: each rank rolls out whole questions")
+    estimate = check_memory(f"{stage}/{method}", cfg, model_dir(cfg), engine=True)  # before anything is written
     with StageRun(f"{stage}/{method}", out, stage_config(cfg, stage), cfg.seed, writer=world.main) as run:
         run.data["world_size"] = world.size
+        run.data["memory_estimate_gib"] = estimate
         run.add_model(model_dir(cfg))
         adapter, traces, train_path, spec_path = _inputs(run, cfg)
         logged = to_dict(cfg)  # the config as the manifest hashed it, for wandb too
