@@ -251,21 +251,27 @@ def test_engines_agree_with_the_trainer_on_real_weights(real_run, tokenizer):
     assert greedy["vllm"] == greedy["hf"]
 
 
+def _planner_rows(run, cfg, tokenizer, task: str, n: int):
+    """(ids, attention mask) of `n` val questions' planner prompts, each followed by a first turn that
+    delegates `task`, right-padded."""
+    from utils.agent.rollout import Codec
+    from utils.core.tensors import pad
+
+    codec = Codec(tokenizer, cfg.model.templates)
+    seqs = [codec.planner_prompt(r["question"])[1] + codec.plain(f"<think>step 1</think><task>{task}</task>")
+            for r in _val_rows(run, n)]
+    return pad(seqs, tokenizer.pad_token_id, torch.long)
+
+
 def test_chunked_head_equals_the_models_logits_at_the_real_vocabulary(real_run, tokenizer):
     """The trainer's LM head in chunks of 5 positions over 49,152 entries gives the model's own logits
     path's log-probs and entropies, and the same LoRA gradients."""
-    from utils.agent.rollout import Codec
     from utils.train.head import chunk_rows
     from utils.train.policy import forward_logprobs, load_policy, logits_logprobs
 
     run, cfg = real_run
     model = load_policy(Path(cfg.model.path), cfg.model.lora, adapter=run / "04_sft_warmup" / "ckpt_sft" / "best")
-    codec = Codec(tokenizer, cfg.model.templates)
-    seqs = [codec.planner_prompt(r["question"])[1] + codec.plain("<think>step 1</think><task>4*4</task>")
-            for r in _val_rows(run, 2)]
-    width = max(map(len, seqs))
-    ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s in seqs])
-    attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+    ids, attn = _planner_rows(run, cfg, tokenizer, "4*4", 2)
     assert chunk_rows(model.config.vocab_size, 8.0) == 5 and model.config.vocab_size == 49152
     results = []
     for fn in (lambda: logits_logprobs(model, ids, attn, True, 0.7),
@@ -281,6 +287,34 @@ def test_chunked_head_equals_the_models_logits_at_the_real_vocabulary(real_run, 
     scale = max(g.abs().max().item() for g in g_a)
     worst = max((a - b).abs().max().item() for a, b in zip(g_a, g_b))
     assert worst < 1e-4 * scale, f"max |grad diff| {worst:.2e}, largest grad {scale:.2e}"
+
+
+def test_the_memory_settings_change_no_update_on_real_weights(real_run, tokenizer):
+    """The real-model config's memory settings (activation checkpointing, micro-batches of 1,024
+    tokens: configs/models/smollm2-135m-instruct.yaml) give the loss and LoRA gradients of the
+    settings before them (no checkpointing, 4,096 tokens: one pass here) within fp32 rounding, on real
+    planner sequences of the warmup's adapter. The budget below splits the batch into several pieces."""
+    from utils.core.schema import MemoryConfig
+    from utils.train.policy import load_policy, sft_backward
+
+    run, cfg = real_run
+    assert cfg.model.memory.activation_checkpointing and cfg.model.memory.micro_batch_tokens == 1024
+    ids, attn = _planner_rows(run, cfg, tokenizer, "12*4", 4)
+    width = ids.shape[1]
+    mask = attn.clone().float()
+    mask[:, :width // 2] = 0  # the second half of each row is trained
+    out = []
+    for checkpointing, budget in ((False, 4096), (True, width + 1)):
+        model = load_policy(Path(cfg.model.path), cfg.model.lora, adapter=run / "04_sft_warmup" / "ckpt_sft" / "best",
+                            checkpointing=checkpointing)
+        model.train()
+        loss, _ = sft_backward(model, (ids, attn, mask), mask[:, 1:].sum(), MemoryConfig(micro_batch_tokens=budget))
+        out.append((loss.item(), [p.grad.clone() for p in model.parameters() if p.requires_grad]))
+    (loss_a, g_a), (loss_b, g_b) = out
+    assert loss_b == pytest.approx(loss_a, rel=1e-5)
+    scale = max(g.abs().max().item() for g in g_a)
+    worst = max((a - b).abs().max().item() for a, b in zip(g_a, g_b, strict=True))
+    assert worst <= 1e-4 * scale, f"max |grad diff| {worst:.2e}, largest grad {scale:.2e}"
 
 
 def test_the_converted_folder_is_plain_and_says_where_it_came_from(real_model, capsys):
