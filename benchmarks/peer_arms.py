@@ -24,11 +24,18 @@ def run_config(args, work: Path):
             "warmup.lr=5e-3", "warmup.final_lr_ratio=1.0", "warmup.warmup_steps=0"]
     if args.device != "cpu":
         sets += [f"model.device={args.device}", "model.engine.name=hf", "model.dtype=bfloat16"]
+    if args.model != "tiny-arith":  # a real model's own data config (benchmarks/real_step.py)
+        return load_run_config(model=args.model, algorithm="grpo", data=args.data, overrides=sets)
     return load_run_config(algorithm="grpo", overrides=sets)
 
 
 def base_dir(args, work: Path) -> Path:
-    """The tiny-arith base, or a randomly initialised model of `--shape` saved under `work`."""
+    """The model config's base (tiny-arith, or a real model's converted folder), or a randomly
+    initialised model of `--shape` saved under `work`."""
+    if args.model != "tiny-arith":
+        from utils.core.stages import model_dir
+
+        return model_dir(run_config(args, work))
     if args.shape == "tiny-arith":
         return ROOT / "artifacts" / "tiny-arith"
     from gpu_shapes import SHAPES, build_random
@@ -41,10 +48,17 @@ def base_dir(args, work: Path) -> Path:
 
 
 def rows(cfg, k: int) -> list[dict]:
-    """The first `k` train rows of the default data config, as 01 prepares them (utils/data/adapters.py)."""
-    from utils.data.adapters import get_adapter
+    """The first `k` train rows of the data config, as 01 parses them (utils/data/adapters.py): generated
+    for the synthetic tier, read from the data folder's train file otherwise."""
+    from utils.core.config import repo_path
+    from utils.data.adapters import get_adapter, load_split
     from utils.data.synthetic import generate_rows
 
+    if not cfg.data.name.startswith("synthetic"):
+        found = load_split(cfg.data.name, repo_path(cfg.data.path), "train")
+        if found is None or len(found[1]) < k:
+            raise SystemExit(f"peer_trl: {cfg.data.path} has no train file of {k} rows: bash download.sh first")
+        return [row.to_json() for _, row in found[1][:k]]
     adapter = get_adapter(cfg.data.name)
     train = [adapter.parse(Path("<generated>"), i, obj, "train").to_json()
              for i, obj in enumerate(generate_rows(cfg.data)["train"][:max(k, 200)])]
@@ -69,7 +83,8 @@ def grpo_ours(args, cfg, base: Path, work: Path) -> list[dict]:
 
     torch.manual_seed(0)
     tok = load_tokenizer(base)
-    model = load_policy(base, cfg.model.lora, cfg.model.dtype, device=cfg.model.device)
+    model = load_policy(base, cfg.model.lora, cfg.model.dtype, device=cfg.model.device,
+                        checkpointing=cfg.model.memory.activation_checkpointing)
     engine = make_engine(cfg.model.engine.name, base, cfg.model.engine, cfg.seed)
     rollout = Rollout(engine, Codec(tok, cfg.model.templates), RolloutSpec.from_config(cfg, 0.7))
     questions = rows(cfg, args.questions) * (args.steps + 1)  # each step the same questions
@@ -278,7 +293,8 @@ def sft_ours(args, cfg, base: Path, work: Path) -> list[dict]:
 
     torch.manual_seed(0)
     examples = sft_examples(cfg, base, cfg.warmup.batch_size)
-    model = load_policy(base, cfg.model.lora, cfg.model.dtype, device=cfg.model.device)
+    model = load_policy(base, cfg.model.lora, cfg.model.dtype, device=cfg.model.device,
+                        checkpointing=cfg.model.memory.activation_checkpointing)
     model.train()
     loop = sft_loop(cfg, model, examples, work / "sft")
     loop.opt.param_groups[0]["lr"] = cfg.warmup.lr

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -69,7 +70,8 @@ def arm(args) -> None:
         cfg = peer_arms.run_config(args, work)
         base = peer_arms.base_dir(args, work)
         steps = getattr(peer_arms, args.arm.replace("-", "_"))(args, cfg, base, work)
-    print("ARM " + json.dumps(steps), flush=True)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB: the arm's process, engine included
+    print("ARM " + json.dumps([{**s, "peak_mib": round(peak)} for s in steps]), flush=True)
 
 
 def _median(steps: list[dict], key: str) -> float:
@@ -93,20 +95,23 @@ def summary(name: str, steps: list[dict]) -> str:
     return "; ".join(parts)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap, questions: int = 16, model: str = "tiny-arith", data: str = "synthetic_arith") -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per arm per round (after one warm-up)")
-    ap.add_argument("--questions", type=int, default=16)
+    ap.add_argument("--questions", type=int, default=questions)
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--shape", default="tiny-arith", help="tiny-arith, or a gpu_shapes.SHAPES name (a random model)")
+    ap.add_argument("--model", default=model, help="a model config (configs/models/<name>.yaml) whose base both "
+                                                   "arms train; tiny-arith takes --shape")
+    ap.add_argument("--data", default=data, help="the data config whose train rows both arms use")
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.arm:
-        arm(args)
-        return 0
+
+
+def run_arms(args, script: str = __file__) -> tuple[dict[str, list[dict]], dict[str, dict]]:
+    """Every arm, alternating by round, each in a process of its own: (each arm's timed steps, each
+    arm's first warm-up step)."""
     arms = args.arms.split(",")
     got: dict[str, list[dict]] = {a: [] for a in arms}
     warm: dict[str, dict] = {}  # each arm's first warm-up step
@@ -114,9 +119,9 @@ def main() -> int:
         for kind in ("grpo", "sft"):
             pair = [a for a in arms if a.startswith(kind)]
             for name in (pair if r % 2 == 0 else pair[::-1]):
-                cmd = [sys.executable, __file__, "--arm", name, *[f"--{k}={v}" for k, v in
+                cmd = [sys.executable, script, "--arm", name, *[f"--{k}={v}" for k, v in
                        (("steps", args.steps), ("questions", args.questions), ("n", args.n),
-                        ("device", args.device), ("shape", args.shape))]]
+                        ("device", args.device), ("shape", args.shape), ("model", args.model), ("data", args.data))]]
                 t0 = time.time()
                 proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
                 lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ARM ")]
@@ -128,13 +133,29 @@ def main() -> int:
                 steps = steps[1:]  # the warm-up step dropped
                 got[name] += steps
                 print(f"round {r} {name}: " + " ".join(f"{s['seconds']:.3f}" for s in steps)
-                      + f" s ({time.time() - t0:.0f} s with start-up)", flush=True)
+                      + f" s ({time.time() - t0:.0f} s with start-up, peak {steps[0]['peak_mib']} MiB)", flush=True)
     for name in arms:
         print(summary(name, got[name]))
+    return got, warm
+
+
+def ratios(got: dict[str, list[dict]]) -> dict[str, float]:
+    """Our median step seconds over TRL's, for grpo and sft (nan where an arm did not run)."""
+    return {k: _median(got[f"{k}-ours"], "seconds") / _median(got[f"{k}-trl"], "seconds")
+            if f"{k}-ours" in got and f"{k}-trl" in got else float("nan") for k in ("grpo", "sft")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    args = ap.parse_args()
+    if args.arm:
+        arm(args)
+        return 0
+    got, warm = run_arms(args)
     if "sft-ours" in warm and "sft-trl" in warm:  # the same batch and the same start (a fresh LoRA's B is 0)
         print(f"sft warm-up step's loss: ours {warm['sft-ours']['loss']:.6f}, TRL {warm['sft-trl']['loss']:.6f}")
-    ratio = {k: _median(got[f"{k}-ours"], "seconds") / _median(got[f"{k}-trl"], "seconds")
-             if f"{k}-ours" in got and f"{k}-trl" in got else float("nan") for k in ("grpo", "sft")}
+    ratio = ratios(got)
     from trl_oracle import oracle
 
     with tempfile.TemporaryDirectory() as tmp:
