@@ -301,14 +301,14 @@ def test_the_memory_settings_change_no_update_on_real_weights(real_run, tokenize
     assert cfg.model.memory.activation_checkpointing and cfg.model.memory.micro_batch_tokens == 1024
     ids, attn = _planner_rows(run, cfg, tokenizer, "12*4", 4)
     width = ids.shape[1]
-    mask = attn.clone().float()
+    mask = attn[:, 1:].clone().float()  # a target per position after the first (utils/train/policy.py sft_batch)
     mask[:, :width // 2] = 0  # the second half of each row is trained
     out = []
     for checkpointing, budget in ((False, 4096), (True, width + 1)):
         model = load_policy(Path(cfg.model.path), cfg.model.lora, adapter=run / "04_sft_warmup" / "ckpt_sft" / "best",
                             checkpointing=checkpointing)
         model.train()
-        loss, _ = sft_backward(model, (ids, attn, mask), mask[:, 1:].sum(), MemoryConfig(micro_batch_tokens=budget))
+        loss, _ = sft_backward(model, (ids, attn, mask), mask.sum(), MemoryConfig(micro_batch_tokens=budget))
         out.append((loss.item(), [p.grad.clone() for p in model.parameters() if p.requires_grad]))
     (loss_a, g_a), (loss_b, g_b) = out
     assert loss_b == pytest.approx(loss_a, rel=1e-5)
