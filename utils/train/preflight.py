@@ -18,8 +18,9 @@ The parts, in bytes (`estimate`):
 - `update`: the LM head's chunks (twice `logits_chunk_mib`: the chunk and its gradient) and, per
   micro-batch token, what the backward keeps: every layer's activations, (16·hidden + 6·intermediate)
   values each, or with activation checkpointing each layer's input and three layers' worth (the
-  recomputed layer, its backward's buffers and the heap's fragments: measured, not derived). The merged policy's reload (a copy of the weights)
-  happens between updates, so the peak holds the larger of the two.
+  recomputed layer, its backward's buffers and the heap's fragments: measured, not derived). The
+  merged policy's reload happens between updates, so the peak holds the larger of the two (counted
+  as a copy of the weights: an upper bound now that it merges one tensor at a time).
 
 Calibrated on SmolLM2-135M-Instruct on this project's 2-core box; docs/PERFORMANCE.md ("Where a real
 model's memory goes") sets each estimate beside the measured peak (benchmarks/real_memory.py).
@@ -27,6 +28,7 @@ model's memory goes") sets each estimate beside the measured peak (benchmarks/re
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -51,18 +53,11 @@ def weight_shapes(model_dir: Path) -> dict[str, list[int]]:
     return shapes
 
 
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def estimate(cfg, model_dir: Path, engine: bool, total_memory: int) -> dict[str, float]:
     """The stage's peak by part, in bytes (the module's docstring says what each part holds)."""
     shapes = weight_shapes(model_dir)
     arch = json.loads((model_dir / "config.json").read_text())
-    params = sum(_numel(s) for s in shapes.values())
+    params = sum(math.prod(s) for s in shapes.values())
     weights = params * DTYPE_BYTES.get(cfg.model.dtype, 4)
     lora = cfg.model.lora
     if lora.full_finetune:
