@@ -120,3 +120,28 @@ def test_08_refuses_one_seed_read_from_two_places(tmp_path):
     assert proc.returncode != 0
     assert "two evaluations of run study, seed 1, grpo" in proc.stderr and "records/study/seed_1" in proc.stderr
     assert not (tmp_path / "cmp" / "report.md").exists()
+
+
+def test_an_archive_killed_between_its_renames_loses_neither_folder_and_the_next_one_finishes(tmp_path):
+    """A replaced folder goes in through publish_dir: a SIGKILL between moving the old folder aside and
+    renaming the new one in leaves the old one aside, which the next archive puts back and replaces."""
+    import os
+
+    from utils.core.faults import FAULT_ENV
+
+    first, second, dest = tmp_path / "outputs" / "study", tmp_path / "other" / "outputs" / "study", tmp_path / "records"
+    _study(first, (2,))
+    _study(second, (2,), lift=5)  # seed 2's grpo evaluation differs, so its folder is replaced
+    archive(first, dest)
+    target = dest / "seed_2" / "07_evaluate" / "grpo"
+    proc = subprocess.run([sys.executable, "-m", "utils.run.archive", str(second), str(dest)], cwd=ROOT,
+                          env={**os.environ, FAULT_ENV: "publish:grpo"}, start_new_session=True,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    aside = list(target.parent.glob(".grpo.old-*"))
+    assert not target.exists() and len(aside) == 1  # killed with the old folder aside, the new one not yet in
+    assert json.loads((aside[0] / "metrics.json").read_text())["accuracy"] == (20 + 2) / 40
+    outcome = archive(second, dest)
+    assert "seed_2/07_evaluate/grpo" in outcome["replaced"]
+    assert json.loads((target / "metrics.json").read_text())["accuracy"] == (20 + 2 + 5) / 40
+    assert not list(dest.rglob(".*"))  # nothing aside or half-built is left

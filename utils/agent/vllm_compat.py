@@ -2,8 +2,9 @@
 
 Each one patches around an assumption or an internal of that version and says why in its
 docstring. tests/test_engines.py checks `in_process`, `unscannable_modules` and
-`skip_logprob_token_text` against the pinned version; `keep_freed_memory` is a speed setting whose
-figures are in docs/PERFORMANCE.md.
+`skip_logprob_token_text` against the pinned version; `keep_freed_memory` (utils/core/heap.py, with
+the rest of what this project asks of glibc's heap) is a speed setting whose figures are in
+docs/PERFORMANCE.md.
 
 - `in_process`: an engine built in the stage's own process (`model.engine.in_process`) must not
   change that process: vLLM's CPU worker reseeds the global generators, replaces
@@ -20,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+
+from utils.core.heap import keep_freed_memory
 
 
 @contextlib.contextmanager
@@ -86,22 +89,6 @@ def unscannable_modules() -> dict:
                     found[name] = module
                     break
     return found
-
-
-def keep_freed_memory() -> bool:
-    """Have glibc's malloc keep freed blocks of up to 32 MiB for reuse instead of returning them to the
-    kernel (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD). Once an in-process vLLM engine holds its memory,
-    glibc otherwise served every tensor of a few MiB with a fresh mmap: on this box a loop of
-    matrix products then ran at half speed, page-faulting 2.4M times where it had 46k
-    (docs/PERFORMANCE.md). Returns whether glibc took the settings (False on another C library)."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
-    return bool(libc.mallopt(m_mmap_threshold, 32 << 20)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
 
 
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"  # "0": vLLM's engine core runs in the calling process

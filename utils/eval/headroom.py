@@ -4,7 +4,7 @@ and first, over every question, the sample accuracy (mean@n), pass@n, and the fo
 answered and planner turns that tell a broken protocol apart (`overall`).
 
     .venv/bin/python -m utils.eval.headroom --run outputs/run_001 [--adapter DIR]
-        [--temperature 0.7] [--samples 8] [--split val] [--max_turns N] [--max_new_tokens_planner N]
+        [--temperature 0.7] [--samples 8] [--split val] [--limit N] [--max_turns N] [--max_new_tokens_planner N]
 
 Defaults to the run's 04_sft_warmup/ckpt_sft/best adapter. The base model, prompt templates,
 engine, turn limit and token budgets are the run's own, as its warmup's manifest recorded them
@@ -62,6 +62,7 @@ def main() -> int:
     ap.add_argument("--run", type=Path, default=ROOT / "outputs" / "run_001")
     ap.add_argument("--adapter", type=Path, default=None, help="default: the run's SFT warmup adapter")
     ap.add_argument("--split", default="val", choices=("val", "train"), help="never test: choose on val")
+    ap.add_argument("--limit", type=int, default=0, help="the split's first N questions (0 = all)")
     ap.add_argument("--temperature", type=float, default=0.7, help="default: algorithm.rl.temperature's default")
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--max_turns", type=int, default=None, help="default: the run's agent.max_turns")
@@ -77,6 +78,7 @@ def main() -> int:
         cfg.agent.max_new_tokens_planner = args.max_new_tokens_planner
     adapter = args.adapter or args.run / "04_sft_warmup" / "ckpt_sft" / "best"
     rows = [r for _, r in read_records(args.run / "01_prepare_dataset" / f"{args.split}.jsonl")]
+    rows = rows[:args.limit] if args.limit > 0 else rows
     spec = read_spec(args.run / "02_build_rewards" / "reward_spec.yaml")
     model = repo_path(cfg.model.path)
     engine = make_engine("vllm", model, cfg.model.engine, seed=args.seed)

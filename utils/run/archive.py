@@ -30,7 +30,7 @@ from pathlib import Path
 from utils.core.config import ROOT
 from utils.core.errors import StageError
 from utils.core.io import jsonl_text, read_records
-from utils.core.manifest import MANIFEST_NAME, atomic_write_json, read_manifest, utc_now
+from utils.core.manifest import MANIFEST_NAME, atomic_write_json, publish_dir, read_manifest, recover_aside, utc_now
 from utils.core.methods import TRAINERS
 from utils.eval.compare import CompareError, evaluation_dirs, find_run_dirs, load_evaluation, load_trainings
 from utils.run.diff import find_run
@@ -103,17 +103,14 @@ def collect(run: Path) -> dict[str, tuple[str, Path, dict]]:
 
 
 def _write_folder(target: Path, files: dict[str, bytes]) -> None:
-    """Build the folder beside `target`, then rename it into place (the old one, if any, goes last)."""
-    staging, old = target.with_name(f".{target.name}.new.tmp"), target.with_name(f".{target.name}.old.tmp")
-    for leftover in (staging, old):
-        shutil.rmtree(leftover, ignore_errors=True)
+    """Build the folder beside `target`, then put it in place with `publish_dir` (utils/core/manifest.py:
+    a kill between its renames leaves the old folder or the new one, which the next archive recovers)."""
+    staging = target.with_name(f".{target.name}.new.tmp")
+    shutil.rmtree(staging, ignore_errors=True)  # a build a kill cut short: never published, rebuilt whole
     for name, data in files.items():
         (staging / name).parent.mkdir(parents=True, exist_ok=True)
         (staging / name).write_bytes(data)
-    if target.exists():
-        target.rename(old)
-    staging.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
+    publish_dir(staging, target)
 
 
 def _same(target: Path, files: dict[str, bytes]) -> bool:
@@ -123,6 +120,7 @@ def _same(target: Path, files: dict[str, bytes]) -> bool:
 def archive(run: Path, dest: Path) -> dict[str, list[str]]:
     """Archive `run` into `dest`; returns {"added": [...], "replaced": [...], "unchanged": [...]}."""
     found = collect(run)
+    recover_aside(dest)  # a folder an archive killed mid-replace left aside is back before anything is compared
     index_path = dest / INDEX
     index = json.loads(index_path.read_text()) if index_path.is_file() else {}
     if not isinstance(index, dict):
