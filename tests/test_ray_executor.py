@@ -102,3 +102,69 @@ def test_ray_runs_the_branches_as_the_sequential_driver_does(tmp_path):
         assert (a / "samples" / "predictions.jsonl").read_bytes() == (b / "samples" / "predictions.jsonl").read_bytes()
         assert json.loads((a / "metrics.json").read_text())["accuracy"] == \
             json.loads((b / "metrics.json").read_text())["accuracy"]
+
+
+def _stage_pids(out) -> list[int]:
+    """Processes of this machine running a stage of the run folder `out` (their command lines name it)."""
+    found = []
+    for proc in os.listdir("/proc"):
+        try:
+            cmd = open(f"/proc/{proc}/cmdline", "rb").read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(a.endswith("_sft_warmup.py") for a in cmd) and any(str(out) in a for a in cmd):
+            found.append(int(proc))
+    return found
+
+
+def _start_and_wait_for_the_warmup(out, data, run):
+    """A ray driver whose SFT warmup runs long (2,000 steps), once the warmup's manifest says running."""
+    import time
+
+    sets = set_args(*TINY, f"outputs_dir={out}", f"data.path={data}", "warmup.steps=2000", "warmup.save_every=2000")
+    cmd = [sys.executable, "09_driver.py", "--method", "fixed_sft", "--run_id", run, "--executor", "ray",
+           "--ray_cpus", "2", *sets]
+    driver = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    manifest = out / run / "04_sft_warmup" / "manifest.json"
+    deadline = time.monotonic() + 300
+    while not (manifest.is_file() and '"running"' in manifest.read_text() and _stage_pids(out)):
+        assert driver.poll() is None and time.monotonic() < deadline, driver.stderr.read()[-3000:]
+        time.sleep(0.5)
+    return driver
+
+
+def _gone_within(out, seconds: float) -> list[int]:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while _stage_pids(out) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return _stage_pids(out)
+
+
+def test_a_driver_terminated_or_killed_under_ray_takes_its_stages_with_it(tmp_path):
+    """SIGTERM to the driver: its run manifest says so (Ray's own handler used to exit on the spot,
+    leaving "running") and the stage unwinds. SIGKILL to the driver's process group: the stage, whose
+    parent is a Ray worker outside that group, notices its driver is gone and stops, so the next start
+    is not refused by a lock an orphan holds."""
+    import signal
+
+    data, out = tmp_path / "synth", tmp_path / "outputs"
+    write_dataset(DataConfig(n_train=40, n_val=6, n_test=6), data)
+
+    driver = _start_and_wait_for_the_warmup(out, data, "term")
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=180) == 143, driver.stderr.read()[-3000:]
+    assert json.loads((out / "term" / "run_manifest.json").read_text())["status"] == "terminated (ray)"
+    assert _gone_within(out, 60) == []
+    assert json.loads((out / "term" / "04_sft_warmup" / "manifest.json").read_text())["status"] == "failed"
+
+    driver = _start_and_wait_for_the_warmup(out, data, "kill")
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait(timeout=60)
+    assert _gone_within(out, 90) == []
+    from utils.core.lock import RunLock
+
+    with RunLock(out / "kill"):  # what the next start takes first: no live process holds the run
+        pass

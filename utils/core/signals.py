@@ -9,6 +9,9 @@
   CPU is spawned, not forked) asks the kernel for SIGTERM when its parent dies (Linux
   PR_SET_PDEATHSIG), so a stage killed with SIGKILL, or by the OOM killer, leaves no engine behind.
   vLLM's engine core shuts down on SIGTERM, and its workers follow it through their death pipes.
+- `stop_with`: a stage whose driver is not its parent (a Ray task's stage: its parent is the Ray
+  worker, which can outlive a killed driver) watches the driver's process and stops as on SIGTERM
+  when it is gone, so that no stage outlives its driver holding the run.
 - `stop_child`: a child process asked to stop (SIGTERM), given time to unwind, then killed.
 - `run_child` starts a stage as a new interpreter; `run_forked` forks it from the caller instead,
   so that modules the caller imported already (torch, transformers, vLLM: ~19 s a stage on a
@@ -38,6 +41,17 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the main thread is, so that every `finally` and `with` runs."""
 
 
+_received: list[str] = []  # the signals `sigterm_as_interrupt` turned into exceptions, in order
+
+
+def as_received(exc: KeyboardInterrupt) -> KeyboardInterrupt:
+    """`exc` as the signal that raised it: `Terminated` where a SIGTERM was turned into it and a
+    library on the way up replaced it with a plain KeyboardInterrupt (Ray's `ray.wait` does)."""
+    if not isinstance(exc, Terminated) and _received[-1:] == ["SIGTERM"]:
+        return Terminated("received SIGTERM")
+    return exc
+
+
 def stop_word(exc: KeyboardInterrupt) -> str:
     """How a run stopped by `exc` says so: 'terminated' (SIGTERM, as `Terminated`) or 'interrupted' (Ctrl-C)."""
     return "terminated" if isinstance(exc, Terminated) else "interrupted"
@@ -60,6 +74,7 @@ def sigterm_as_interrupt():
             print(f"{name} ignored: already stopping after {stopping[0]} (SIGKILL forces)", file=sys.stderr)
             return
         stopping.append(name)
+        _received.append(name)
         raise Terminated(f"received {name}") if signum == signal.SIGTERM else KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -102,6 +117,50 @@ def stop_child(proc: subprocess.Popen, grace: float = 60.0) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
     return proc.wait()
+
+
+DRIVER_ENV = "REDCODA_DRIVER"  # "<host>:<pid>:<start>": the driver a Ray task's stage stops with (`stop_with`)
+
+
+def process_tag(pid: int | None = None) -> str:
+    """`<host>:<pid>:<start>` for a process of this machine, its start time in clock ticks since boot
+    (/proc/<pid>/stat field 22), so a pid the kernel hands to another process later is told apart."""
+    import socket
+
+    pid = pid or os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_start_ticks(pid)}"
+
+
+def _start_ticks(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # the fields after the command's name start at field 3
+
+
+def stop_with(tag: str, interval: float = 1.0, grace: float = 120.0) -> bool:
+    """Watch the process `tag` names (`process_tag`) from a daemon thread; once it is gone, SIGTERM
+    this process (it unwinds as on `kill`: manifest "failed", lock released, engine down), and
+    SIGKILL it if it still runs `grace` seconds later. False, and nothing watched, when `tag` is
+    malformed or names another machine (a Ray cluster's driver) or a process that cannot be read."""
+    import socket
+
+    host, _, rest = tag.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit() or not start or _start_ticks(int(pid)) != start:
+        return False
+
+    def watch():
+        while _start_ticks(int(pid)) == start:
+            time.sleep(interval)
+        print(f"the driver (pid {pid}) is gone: stopping", file=sys.stderr)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="stop-with-driver", daemon=True).start()
+    return True
 
 
 PARENT_ENV = "REDCODA_PARENT"  # set by run_child: the child stops with this pid (utils/core/stages.run_main)
@@ -156,9 +215,13 @@ FILTER_GRACE = 30.0  # seconds the console filter may take after its stage ended
 
 
 def _wait_or_stop(proc) -> int:
-    """The child's exit code; if we are interrupted or terminated while waiting, stop it first."""
+    """The child's exit code; if we are interrupted or terminated while waiting, stop it first. The
+    wait polls, so that an exception another thread raises in ours (Ray's `ray.cancel` of the task
+    that runs this) lands within a second; a blocking wait would hold it until the child ended."""
     try:
-        return proc.wait()
+        while True:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                return proc.wait(timeout=1.0)
     except BaseException:
         stop_child(proc)
         raise

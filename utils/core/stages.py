@@ -23,8 +23,8 @@ from utils.core.lock import HOLDER_ENV, RunLocked
 from utils.core.manifest import MANIFEST_NAME, StageRun, read_manifest
 from utils.core.methods import BASE, CHECKPOINTS, METHODS, SFT_WARMUP
 from utils.core.schema import RunConfig
-from utils.core.signals import (PARENT_ENV, TERMINATED_EXIT, Terminated, die_with_parent, is_spawned_child,
-                                sigterm_as_interrupt)
+from utils.core.signals import (DRIVER_ENV, PARENT_ENV, TERMINATED_EXIT, Terminated, die_with_parent,
+                                is_spawned_child, sigterm_as_interrupt, stop_with)
 
 if is_spawned_child():  # this module runs in vLLM's engine core too (spawn re-imports the stage script):
     die_with_parent()   # let it end with its stage, even a SIGKILLed one (utils/core/signals.py)
@@ -181,6 +181,8 @@ def run_main(stage: str, fn: Callable[[], int | None]) -> int:
     SIGTERM unwind it (manifest "failed", lock released, engine shut down): exit 130 or 143."""
     if str(os.getppid()) in (os.environ.get(HOLDER_ENV), os.environ.get(PARENT_ENV)) or LAUNCHER_ENV in os.environ:
         die_with_parent()  # run by the driver, a Ray task or a launcher (a rank): stop with it, even if it is SIGKILLed
+    if os.environ.get(DRIVER_ENV):
+        stop_with(os.environ[DRIVER_ENV])  # a Ray task's stage: its driver is not its parent
     try:
         with sigterm_as_interrupt():
             return fn() or 0

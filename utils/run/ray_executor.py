@@ -27,6 +27,7 @@ tests/test_ray_executor.py does.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from pathlib import Path
 from utils.core.config import ROOT
 from utils.core.lock import HOLDER_ENV, RunLock
 from utils.core.methods import METHODS
+from utils.core.signals import DRIVER_ENV, as_received, process_tag
 from utils.run.driver import DATA_STAGES, Step, batches, current_config, run_batch
 
 WARMUP_STAGE = DATA_STAGES[-1]  # 04, a branch of its own
@@ -82,15 +84,17 @@ class Records:
         self.rows.append((args, kwargs))
 
 
-def run_branch(branch: Branch, force: bool, log_path: str, holder: str, *needed: dict) -> dict:
+def run_branch(branch: Branch, force: bool, log_path: str, holder: str, driver: str, *needed: dict) -> dict:
     """Body of a branch's Ray task: its stages in order, as the sequential driver runs them. The
     results of the branches it needs arrive as arguments (Ray waits for them); if one failed, this
-    one does not run."""
+    one does not run. Each stage stops with the driver (`driver`, utils/core/signals.py `stop_with`),
+    as a Ray worker can outlive a driver killed outright."""
     failed = [r["branch"] for r in needed if r["status"] != "completed"]
     if failed:
         return {"branch": branch.name, "status": "not run", "reason": f"needs {', '.join(failed)}",
                 "records": [], "log": None}
     os.environ[HOLDER_ENV] = holder  # the driver holds the run: its stages get through (utils/core/lock.py)
+    os.environ[DRIVER_ENV] = driver
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     records = Records()
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -102,6 +106,19 @@ def run_branch(branch: Branch, force: bool, log_path: str, holder: str, *needed:
                 return {"branch": branch.name, "status": f"failed (exit {code})", "records": records.rows,
                         "log": log_path}
     return {"branch": branch.name, "status": "completed", "records": records.rows, "log": log_path}
+
+
+STOP_GRACE = 90.0  # seconds the running branches get to stop their stages (a stage gets 60, then SIGKILL)
+
+
+def _stop_branches(ray, refs: list) -> None:
+    """Cancel the branches still running and wait for them: Ray raises KeyboardInterrupt in each
+    task, whose running stage then gets SIGTERM and unwinds (`run_child`), so its manifest says
+    "failed". Shutting Ray down instead SIGKILLs a worker's children, leaving manifests "running"."""
+    for ref in refs:
+        ray.cancel(ref)
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=STOP_GRACE)
 
 
 def run_study(plan_steps: list[Step], seeds: list, common_of, run_root: Path, force: bool, log, *,
@@ -116,14 +133,18 @@ def run_study(plan_steps: list[Step], seeds: list, common_of, run_root: Path, fo
     for lock in seed_locks:  # concurrent stages of one seed would otherwise refuse each other
         lock.acquire()
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    pending: dict = {}
     try:  # a Ray that fails to start still releases the seed locks
+        ours = signal.getsignal(signal.SIGTERM)
         ray.init(address=address, num_cpus=None if address else cpus, include_dashboard=False,
                  runtime_env={"env_vars": env}, log_to_driver=True, configure_logging=False)
+        signal.signal(signal.SIGTERM, ours)  # ray.init's own handler exits at once: the run manifest said "running"
         task = ray.remote(run_branch).options(num_cpus=branch_cpus, num_gpus=branch_gpus, max_retries=0)
         refs: dict[str, object] = {}
         for b in plan:  # a branch's needs come before it in the plan
             log_path = str(run_root / "logs" / f"{b.name.replace('/', '_')}.log")
-            refs[b.name] = task.remote(b, force, log_path, str(os.getpid()), *(refs[n] for n in b.needs))
+            refs[b.name] = task.remote(b, force, log_path, str(os.getpid()), process_tag(),
+                                       *(refs[n] for n in b.needs))
         pending = {refs[b.name]: b for b in plan}
         results: dict[str, dict] = {}
         while pending:  # record each branch as it ends: the run manifest shows a long study's progress
@@ -132,6 +153,9 @@ def run_study(plan_steps: list[Step], seeds: list, common_of, run_root: Path, fo
                 results[pending.pop(ref).name] = result = ray.get(ref)
                 for args, kwargs in result["records"]:
                     log.record(*args, **kwargs)
+    except KeyboardInterrupt as exc:
+        _stop_branches(ray, list(pending))
+        raise as_received(exc) from None
     finally:
         ray.shutdown()
         for lock in seed_locks:
