@@ -13,6 +13,7 @@ import pytest
 from helpers import run_rl_stage, run_stage, set_args, sft_args
 from utils.core import schema
 from utils.core.config import ROOT
+from utils.core.stages import UNHASHED
 
 pytestmark = pytest.mark.slow
 
@@ -78,9 +79,9 @@ def outside(keys: set[str], hashed: dict) -> list[str]:
 # keys whose value decides whether a section is in the slice at all (`stage_config`): with the tool
 # off the slice leaves `agent.tool` out, and 07's leaves `eval` out while it asks for greedy alone
 DECIDE_THE_SLICE = {"agent.tool.retriever", "eval.samples", "eval.primary", "eval.curve_samples"}
-# keys that decide whether a stage starts, never what it writes: the memory preflight (a stage that
-# would not fit stops before writing), left out of the slice so that runs from before it stay current
-DECIDE_TO_START = {"model.memory.preflight"}
+# keys that decide whether a stage starts or when it saves, never what it computes (the memory
+# preflight, the checkpoints' time floor): left out of the slice so that runs from before them stay current
+DECIDE_TO_START = set(UNHASHED)
 CHAIN = set_args("data.n_train=24", "data.n_val=4", "data.n_test=4", "regime=regime_d", "warmup.steps=2",
                  "warmup.batch_size=4", "warmup.eval_every=0", "warmup.eval_size=2", "algorithm.rl.steps=1",
                  "algorithm.rl.questions_per_step=2", "algorithm.rl.n_samples=2", "model.engine.name=hf",

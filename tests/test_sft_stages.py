@@ -223,7 +223,12 @@ def _losses(stage_out: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in rows]
 
 
-def test_killed_sft_run_resumes_without_lost_or_repeated_steps(prepared, tmp_path, monkeypatch):
+@pytest.mark.parametrize("saves", [[], ["--set", "warmup.save_every=1000", "--set", "warmup.save_minutes=0.0001"]],
+                         ids=["every_3_steps", "by_time_alone"])
+def test_killed_sft_run_resumes_without_lost_or_repeated_steps(prepared, tmp_path, monkeypatch, saves):
+    """Killed once step 7 is logged, the run resumes from its last checkpoint (a multiple of 3 when it
+    saves every 3 steps; any step from 6 when only the time floor saves, at 0.0001 minutes after every
+    step, never by steps before the last), and ends with the uninterrupted run's losses."""
     out, args = prepared
     assert run_stage("03_generate_sft_traces", out, *args) == 0
     # an uninterrupted reference run in a second run id
@@ -234,7 +239,7 @@ def test_killed_sft_run_resumes_without_lost_or_repeated_steps(prepared, tmp_pat
     monkeypatch.setenv("MKL_CBWR", "AUTO,STRICT")
     monkeypatch.setenv("MKL_DYNAMIC", "FALSE")
     cmd = [sys.executable, "04_sft_warmup.py", "--set", f"outputs_dir={out}", *args,
-           *sft_args(["--set", "warmup.steps=30", "--set", "threads=1"])]
+           *sft_args(["--set", "warmup.steps=30", "--set", "threads=1", *saves])]
     assert subprocess.run(cmd + ["--run_id", "ref"], cwd=ROOT, capture_output=True).returncode == 0
     reference = _losses(out / "ref" / "04_sft_warmup")
     # the interrupted run: SIGKILL once step 7 is logged (checkpoint at 6), then run again
@@ -244,7 +249,8 @@ def test_killed_sft_run_resumes_without_lost_or_repeated_steps(prepared, tmp_pat
     assert manifest(out, "04_sft_warmup")["status"] == "running"
     second = subprocess.run(cmd + ["--run_id", "t"], cwd=ROOT, capture_output=True, text=True)
     assert second.returncode == 0, second.stderr
-    assert "resuming from step" in second.stdout
+    step = int(re.search(r"resuming from step (\d+)", second.stdout)[1])
+    assert step >= 6 and (saves or step % 3 == 0), second.stdout  # by time alone: a checkpoint at (nearly) every step
     resumed = _losses(out / "t" / "04_sft_warmup")
     assert [s for s, _ in resumed] == list(range(1, 31))  # every step once
     assert resumed == reference  # and the same losses as the uninterrupted run

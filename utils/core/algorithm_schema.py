@@ -115,6 +115,9 @@ class RlConfig:
     max_skips_in_a_row: int = field(5, "Stop the run when this many optimizer steps in a row were skipped "
                                        "for a non-finite loss, gradient or reward (0 = never stop).", minimum=0)
     save_freq: int = field(10, "Checkpoint every N steps.", minimum=1)
+    save_minutes: float = field(10.0, "Also checkpoint once this many minutes have passed since the last one, so "
+                                      "a pre-empted machine loses at most that much (0 = by steps only).",
+                                minimum=0.0)
     keep_last: int = field(2, "Checkpoints kept.", minimum=1)
     dump_freq: int = field(10, "Dump episodes every N steps.", minimum=0)
 

@@ -199,6 +199,9 @@ class WarmupConfig:
                              "the full run's up to the stop, and its best checkpoint is the full run's unless the "
                              "full run would have beaten it later.", minimum=0)
     save_every: int = field(100, "Write the resumable checkpoint every N steps.", minimum=1)
+    save_minutes: float = field(10.0, "Also write it once this many minutes have passed since the last one, "
+                                      "so a pre-empted machine loses at most that much (0 = by steps only).",
+                                minimum=0.0)
 
 
 @dataclass

@@ -131,19 +131,28 @@ def model_dir(cfg: RunConfig, path: str | None = None) -> Path:
     return p
 
 
+# keys a stage reads that decide whether it starts or when it saves, never what it computes, so a
+# run from before each existed stays up to date: the memory preflight (utils/train/preflight.py) and
+# the checkpoints' time floor (utils/train/guard.py `SaveClock`)
+UNHASHED = ("model.memory.preflight", "warmup.save_minutes", "algorithm.rl.save_minutes")
+
+
 def stage_config(cfg: RunConfig, stage: str) -> dict:
     """The slice of the config that `stage` reads: what its manifest records and hashes. Without
     the search tool (agent.tool.retriever none) `agent.tool` is left out, since no stage reads it
-    then; so is 07's `eval` section while it asks for greedy accuracy alone, and
-    `model.memory.preflight` always (utils/train/preflight.py: it decides whether a stage starts,
-    not what it computes, so a run from before it existed stays up to date)."""
+    then; so is 07's `eval` section while it asks for greedy accuracy alone, and `UNHASHED` always."""
     keys = CONFIG_KEYS[stage]
     if stage == "07_evaluate" and (cfg.eval.samples or cfg.eval.primary != "greedy"):
         keys += ("eval.samples", "eval.primary", "algorithm.rl.temperature")  # the margin is 08's
     if stage == "07_evaluate" and cfg.eval.curve_samples:  # off, it leaves 07's slice as before it existed
         keys = tuple(dict.fromkeys(keys + ("eval.curve_samples", "algorithm.rl.temperature")))
     out = config_slice(cfg, keys)
-    out.get("model", {}).get("memory", {}).pop("preflight", None)  # a guard before the stage, not its work
+    for key in UNHASHED:
+        *path, name = key.split(".")
+        node = out
+        for part in path:
+            node = node.get(part, {})
+        node.pop(name, None)
     if cfg.agent.tool.retriever == "none" and "agent" in out:
         out["agent"].pop("tool", None)
         if not out["agent"]:  # 00 reads only the tool

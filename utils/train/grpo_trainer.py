@@ -2,7 +2,7 @@
 advantages, builds the batch (utils/train/batch.py), updates (utils/train/update.py), folds the RED
 state, hands the new adapter to the engine; around the steps, logging, checkpoints, resume and guards.
 
-Checkpoints (`ckpt/step_N/`, every `save_freq` steps, last `keep_last` kept) are assembled under a
+Checkpoints (`ckpt/step_N/`, every `save_freq` steps or `save_minutes`, last `keep_last` kept) are assembled under a
 temporary name and renamed, and hold everything a resume restores: the adapter, the optimizer,
 torch/python RNG states, the RED state, the question and SFT data cursors and the step (the RL
 learning rate is a function of the step alone: constant, or a linear warmup over
@@ -38,7 +38,7 @@ from utils.core.errors import StageError
 from utils.core.stream import Cursor, rl_question_key, take
 from utils.reward.scorers import is_correct
 from utils.train.batch import build_rl_batch, minibatch_rows, sft_parts, take_rows
-from utils.train.guard import SkipStreak, finish_step
+from utils.train.guard import SaveClock, SkipStreak, finish_step
 from utils.train.hpt import DemoSwitch
 from utils.train.policy import (batch_logprobs, dropout_active, policy_device, reference_logprobs, sft_backward,
                                 sft_batch)
@@ -356,6 +356,7 @@ class GrpoTrainer:
         if self.state.step == 0:
             torch.manual_seed(self.cfg.seed + self.world.rank)  # dropout masks differ between ranks
         self.sync_policy()
+        saves = SaveClock(self.alg.rl.save_freq, self.alg.rl.steps, self.alg.rl.save_minutes, self.world)
         while self.state.step < self.alg.rl.steps:
             self.model.train()
             metrics = self.step()
@@ -366,7 +367,7 @@ class GrpoTrainer:
                 progress.update(1)
                 progress.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3f}" for k in
                                       ("critic/rewards/mean", "train/accuracy", "actor/sft_loss") if k in metrics})
-            if self.state.step % self.alg.rl.save_freq == 0 or self.state.step == self.alg.rl.steps:
+            if saves.due(self.state.step):
                 self.save()
         self.model.eval()
         return history

@@ -1,6 +1,6 @@
 """The resumable LoRA SFT loop behind `04_sft_warmup.py`.
 
-State that a resume restores (ckpt_sft/last/, written atomically every `save_every` steps): the
+State that a resume restores (ckpt_sft/last/, written atomically every `save_every` steps or `save_minutes`): the
 adapter (or full weights), the optimizer, the LR scheduler, python/torch RNG states, the step and
 the data cursor (utils/core/stream.py). The batches of an epoch derive from (seed, epoch), so a
 resumed run sees exactly the batches an uninterrupted one would: no step is lost or repeated,
@@ -30,7 +30,7 @@ from utils.core.heap import release_freed_memory
 from utils.core.schema import MemoryConfig, WarmupConfig
 from utils.core.stream import Cursor, take
 from utils.core.tracking import MetricsLogger, NullLogger
-from utils.train.guard import SkipStreak, finish_step
+from utils.train.guard import SaveClock, SkipStreak, finish_step
 from utils.train.policy import policy_device, sft_backward, sft_batch
 from utils.train.schedule import warmup_cosine
 from utils.train.world import SOLO, World
@@ -138,6 +138,7 @@ class SftLoop:
 
     def run(self, progress=None) -> LoopState:
         streak = SkipStreak(self.cfg.max_skips_in_a_row, "SFT steps", "loss or gradient", "warmup.max_skips_in_a_row")
+        saves = SaveClock(self.cfg.save_every, self.cfg.steps, self.cfg.save_minutes, self.world)
         if self.state.step == 0:
             self.torch.manual_seed(self.seed + self.world.rank)  # dropout masks differ between ranks
         self.model.train()
@@ -161,7 +162,7 @@ class SftLoop:
                 self._evaluate()
                 self.model.train()
             stopped = bool(validates) and self._patience_spent()
-            if s % self.cfg.save_every == 0 or s == self.cfg.steps or stopped:
+            if saves.due(s, stopped):
                 self.save_last()
         self.model.eval()
         if self.world.main:
