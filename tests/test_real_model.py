@@ -29,6 +29,8 @@ TINY_REAL = ["wandb_mode=disabled", "model.engine.name=hf", "model.engine.in_pro
              "warmup.eval_every=0", "warmup.eval_size=4", "algorithm.rl.steps=1", "algorithm.rl.questions_per_step=2",
              "algorithm.rl.n_samples=2", "algorithm.rl.lr=2e-3", "algorithm.rl.mismatch_every=1",
              "algorithm.rl.entropy_coef=0.01"]  # a gradient even when every group scores alike
+T_REGIME = 0.7  # configs/regimes/real_cpu.yaml's rollout temperature
+RL_STEPS = ["model.engine.name=vllm", "algorithm.rl.steps=2", f"algorithm.rl.temperature={T_REGIME}"]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,9 @@ def real_run(real_model, tmp_path_factory):
     for stage in ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces",
                   "04_sft_warmup"):
         assert run_stage(stage, out, *flags) == 0, stage
-    assert _grpo_step(out, *flags) == 0
+    # the RL steps sample on vLLM at the real regime's temperature: step 2's rollout is the trainer
+    # loop's own hand-over of step 1's update to the engine, on real weights
+    assert _grpo_step(out, *flags, *set_args(*RL_STEPS)) == 0
     cfg = load_run_config(MODEL, "grpo", "word_problems", [*TINY_REAL, f"data.path={data}", f"model.path={real_model}"])
     return out / "t", cfg
 
@@ -104,7 +108,8 @@ def _rollout(engine, cfg, tokenizer, rows, temperature=1.0, n=2):
 
 def test_chat_template_wraps_each_role_once(tokenizer, real_run):
     """The role prompts are the model's own ChatML rendering of our system and user messages: one
-    system turn (ours, not SmolLM2's default), one BOS, the executor seeing only its subtask."""
+    system turn (ours, not SmolLM2's default), one BOS, and the executor's own system turn (that a real
+    episode's executors saw only their subtasks is checked on the prompts a rollout sent: the next test)."""
     from utils.agent.rollout import Codec
 
     _, cfg = real_run
@@ -123,7 +128,7 @@ def test_chat_template_wraps_each_role_once(tokenizer, real_run):
     exe_ids = codec.executor_prompt("5+3")
     exe = tokenizer.decode(exe_ids)
     assert exe.endswith("<|im_start|>user\n5+3<|im_end|>\n<|im_start|>assistant\n")
-    assert "apples" not in exe and t.executor_system in exe
+    assert exe.count("<|im_start|>system") == 1 and t.executor_system in exe
 
 
 def test_token_in_token_out_across_bpe_merges(real_run, tokenizer):
@@ -139,13 +144,14 @@ def test_token_in_token_out_across_bpe_merges(real_run, tokenizer):
     engine = Recording(VLLMEngine(Path(cfg.model.path), cfg.model.engine, seed=0))
     try:
         engine.set_adapter(run / "04_sft_warmup" / "ckpt_sft" / "best")
-        episodes, _ = _rollout(engine, cfg, tokenizer, _val_rows(run))
+        episodes, codec = _rollout(engine, cfg, tokenizer, _val_rows(run))
     finally:
         engine.close()
     multi = [ep for ep in episodes if ep.n_turns >= 2]
     assert multi, f"no multi-turn episode: {[ep.status for ep in episodes]}"
     sampled = [(prompt, ids) for _, prompt, ids in engine.calls]
-    assert len(sampled) == sum(len(ep.segments) for ep in episodes)
+    assert len(sampled) == sum(len(ep.segments) for ep in episodes), (len(sampled), len(episodes))
+    _executors_saw_only_their_subtask(episodes, codec, tokenizer)
     for ep in episodes:
         for seg in ep.segments:  # each segment is one request, its context and output exactly the engine's
             assert (seg.context_ids, seg.gen_ids) in sampled
@@ -164,6 +170,30 @@ def test_token_in_token_out_across_bpe_merges(real_run, tokenizer):
     assert tokenizer.convert_tokens_to_ids("><") in merged  # where a re-tokenizing trainer would drift
 
 
+def _executors_saw_only_their_subtask(episodes, codec, tokenizer) -> None:
+    """Each executor request of the recorded episodes is the executor prompt of the subtask its
+    planner turn delegated, token for token, and none of the question's words that the subtask and
+    the executor's fixed text lack reached it: the context decoupling, on what was sampled."""
+    import re
+
+    from utils.agent.protocol import EXECUTOR, PLANNER, last_action
+
+    fixed = tokenizer.decode(codec.executor_prompt(""))
+    checked = 0
+    for ep in episodes:
+        for before, seg in zip(ep.segments, ep.segments[1:]):
+            if seg.role != EXECUTOR:
+                continue
+            assert before.role == PLANNER
+            task = last_action(before.text)[1]
+            assert task is not None and seg.context_ids == codec.executor_prompt(task), (task, seg.context_ids)
+            seen = tokenizer.decode(seg.context_ids)
+            private = {w for w in re.findall(r"[A-Za-z]{4,}", ep.question) if w not in task and w not in fixed}
+            assert private and not [w for w in private if w in seen], (ep.question, seen)
+            checked += 1
+    assert checked, "no executor call was sampled: the check saw nothing"
+
+
 def _trainer(cfg, adapter):
     """The trainer's policy with `adapter`, as 05/06 load it, for recomputing log-probs."""
     from utils.train.policy import load_policy
@@ -171,13 +201,14 @@ def _trainer(cfg, adapter):
     return load_policy(cfg.model.path, cfg.model.lora, adapter=adapter, trainable=False).eval()
 
 
-def _trainer_logprobs(model, cfg, ids, start):
-    """The trainer's log-probs of ids[start:] (its chunked LM head, as in an update)."""
+def _trainer_logprobs(model, cfg, ids, start, temperature: float = 1.0):
+    """The trainer's log-probs of ids[start:] at `temperature` (its chunked LM head, as in an update)."""
     from utils.train.policy import forward_logprobs
 
     t = torch.tensor([ids])
     with torch.no_grad():
-        lp, _ = forward_logprobs(model, t, torch.ones_like(t), chunk_mib=cfg.model.memory.logits_chunk_mib)
+        lp, _ = forward_logprobs(model, t, torch.ones_like(t), temperature=temperature,
+                                 chunk_mib=cfg.model.memory.logits_chunk_mib)
     return lp[0, start - 1:].tolist()
 
 
@@ -210,15 +241,16 @@ def test_the_rl_update_reaches_the_sampler(real_run, tokenizer, serving):
     finally:
         engine.close()
     want = _trainer_logprobs(_trainer(cfg, after), cfg, ids, len(prompt))
-    assert max(abs(a - b) for a, b in zip(got["after"], want)) < LOGPROB_TOL
-    assert max(abs(a - b) for a, b in zip(got["after"], got["before"])) > 100 * LOGPROB_TOL  # not stale
-    assert max(abs(a - b) for a, b in zip(got["after"], got["base"])) > 100 * LOGPROB_TOL
+    assert max(abs(a - b) for a, b in zip(got["after"], want, strict=True)) < LOGPROB_TOL
+    assert max(abs(a - b) for a, b in zip(got["after"], got["before"], strict=True)) > 100 * LOGPROB_TOL  # not stale
+    assert max(abs(a - b) for a, b in zip(got["after"], got["base"], strict=True)) > 100 * LOGPROB_TOL
 
 
 def test_engines_agree_with_the_trainer_on_real_weights(real_run, tokenizer):
-    """vLLM and HF generate, sampling the updated policy at temperature 1: each engine's log-probs of
-    its own samples equal the trainer's recomputation (the trainer's `rollout/logprob_mismatch` of the
-    RL step too), and their greedy first turns are the same tokens."""
+    """vLLM and HF generate, sampling the updated policy at the regime's temperature (0.7): each
+    engine's tempered log-probs of its own samples equal the trainer's recomputation at that
+    temperature, token by token (the trainer's `rollout/logprob_mismatch` of both RL steps too, the
+    second after the loop handed its update to vLLM), and their greedy first turns are the same tokens."""
     from dataclasses import replace
 
     from utils.agent.engines import HFEngine, VLLMEngine
@@ -227,7 +259,7 @@ def test_engines_agree_with_the_trainer_on_real_weights(real_run, tokenizer):
     run, cfg = real_run
     adapter = run / "06_ablate_grpo_only" / "grpo" / "final_adapter"
     logged = [json.loads(x) for x in (run / "06_ablate_grpo_only" / "grpo" / "metrics.jsonl").read_text().splitlines()]
-    assert logged[0]["rollout/logprob_mismatch"] < LOGPROB_TOL
+    assert [m["step"] for m in logged] == [1, 2] and max(m["rollout/logprob_mismatch"] for m in logged) < LOGPROB_TOL
     rows = _val_rows(run)
     greedy = {}
     for name, make in (("vllm", lambda: VLLMEngine(Path(cfg.model.path), cfg.model.engine, seed=0)),
@@ -235,7 +267,7 @@ def test_engines_agree_with_the_trainer_on_real_weights(real_run, tokenizer):
         engine = make()
         try:
             engine.set_adapter(adapter)
-            episodes, codec = _rollout(engine, cfg, tokenizer, rows)
+            episodes, codec = _rollout(engine, cfg, tokenizer, rows, temperature=T_REGIME)
             spec = SamplingSpec(max_tokens=24, temperature=0.0, stop=["</task>", "</answer>"], logprobs=True)
             greedy[name] = [s[0].token_ids for s in engine.generate(
                 [codec.planner_prompt(r["question"])[1] for r in rows], spec, [0] * len(rows))]
@@ -245,8 +277,8 @@ def test_engines_agree_with_the_trainer_on_real_weights(real_run, tokenizer):
         for ep in episodes:
             for seg in ep.segments:
                 ids = seg.context_ids + seg.gen_ids
-                ref = _trainer_logprobs(model, cfg, ids, len(seg.context_ids))
-                worst = max(worst, max(abs(a - b) for a, b in zip(seg.logprobs, ref)))
+                ref = _trainer_logprobs(model, cfg, ids, len(seg.context_ids), T_REGIME)
+                worst = max(worst, max(abs(a - b) for a, b in zip(seg.logprobs, ref, strict=True)))
         assert worst < LOGPROB_TOL, f"{name}: max |sampler - trainer| {worst:.2e}"
     assert greedy["vllm"] == greedy["hf"]
 
@@ -285,7 +317,7 @@ def test_chunked_head_equals_the_models_logits_at_the_real_vocabulary(real_run, 
     (lp_a, ent_a, g_a), (lp_b, ent_b, g_b) = results
     assert torch.allclose(lp_a, lp_b, atol=1e-5) and torch.allclose(ent_a, ent_b, atol=1e-5)
     scale = max(g.abs().max().item() for g in g_a)
-    worst = max((a - b).abs().max().item() for a, b in zip(g_a, g_b))
+    worst = max((a - b).abs().max().item() for a, b in zip(g_a, g_b, strict=True))
     assert worst < 1e-4 * scale, f"max |grad diff| {worst:.2e}, largest grad {scale:.2e}"
 
 
@@ -334,3 +366,4 @@ def test_the_converted_folder_is_plain_and_says_where_it_came_from(real_model, c
     assert fetch_source(MODEL, real_model.parent) == real_model
     assert "up to date" in capsys.readouterr().out
     assert (real_model / "model.safetensors").stat().st_mtime_ns == before
+
