@@ -1,7 +1,7 @@
 """Everything two or more test modules share, so that no test module imports another: config
 overrides and the tiny-run settings, running a stage in this process and reading its manifest,
 the small datasets and rows tests train and roll out on, an RL trainer built by hand, 08 as a
-subprocess, free ports, a process killed once it has logged. Fixtures are in conftest.py; quick
+subprocess, free ports, a process killed once it has logged, waiting for a condition. Fixtures are in conftest.py; quick
 protocol-following adapters are in utils/tinyarith/quick.py."""
 from __future__ import annotations
 
@@ -53,6 +53,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, what: str, detail=lambda: ""):
+    """`predicate()`'s first truthy value, polled every 0.2 s; an AssertionError naming `what` (and
+    `detail()`) once `timeout` seconds have passed without one."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{detail()}")
 
 
 def kill_once_logged(cmd: list[str], cwd: Path, log: Path, lines: int, timeout: float) -> int:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers import set_args, TINY
+from helpers import set_args, TINY, wait_for
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset
@@ -119,28 +119,21 @@ def _stage_pids(out) -> list[int]:
 
 def _start_and_wait_for_the_warmup(out, data, run):
     """A ray driver whose SFT warmup runs long (2,000 steps), once the warmup's manifest says running."""
-    import time
-
     sets = set_args(*TINY, f"outputs_dir={out}", f"data.path={data}", "warmup.steps=2000", "warmup.save_every=2000")
     cmd = [sys.executable, "09_driver.py", "--method", "fixed_sft", "--run_id", run, "--executor", "ray",
            "--ray_cpus", "2", *sets]
     driver = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     manifest = out / run / "04_sft_warmup" / "manifest.json"
-    deadline = time.monotonic() + 300
-    while not (manifest.is_file() and '"running"' in manifest.read_text() and _stage_pids(out)):
-        assert driver.poll() is None and time.monotonic() < deadline, driver.stderr.read()[-3000:]
-        time.sleep(0.5)
+    wait_for(lambda: driver.poll() is not None or (manifest.is_file() and '"running"' in manifest.read_text()
+                                                   and _stage_pids(out)), 300, "04 to run under Ray")
+    assert driver.poll() is None, driver.stderr.read()[-3000:]
     return driver
 
 
-def _gone_within(out, seconds: float) -> list[int]:
-    import time
-
-    deadline = time.monotonic() + seconds
-    while _stage_pids(out) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return _stage_pids(out)
+def _assert_gone_within(out, seconds: float) -> None:
+    wait_for(lambda: not _stage_pids(out), seconds, "the run's stages to end",
+             lambda: f": still running {_stage_pids(out)}")
 
 
 def test_a_driver_terminated_or_killed_under_ray_takes_its_stages_with_it(tmp_path):
@@ -157,13 +150,13 @@ def test_a_driver_terminated_or_killed_under_ray_takes_its_stages_with_it(tmp_pa
     driver.send_signal(signal.SIGTERM)
     assert driver.wait(timeout=180) == 143, driver.stderr.read()[-3000:]
     assert json.loads((out / "term" / "run_manifest.json").read_text())["status"] == "terminated (ray)"
-    assert _gone_within(out, 60) == []
+    _assert_gone_within(out, 60)
     assert json.loads((out / "term" / "04_sft_warmup" / "manifest.json").read_text())["status"] == "failed"
 
     driver = _start_and_wait_for_the_warmup(out, data, "kill")
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait(timeout=60)
-    assert _gone_within(out, 90) == []
+    _assert_gone_within(out, 90)
     from utils.core.lock import RunLock
 
     with RunLock(out / "kill"):  # what the next start takes first: no live process holds the run

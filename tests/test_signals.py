@@ -7,12 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from helpers import run_stage, set_args
+from helpers import run_stage, set_args, wait_for
 from utils.core.config import ROOT
 from utils.core.schema import DataConfig
 from utils.data.synthetic import write_dataset
@@ -64,16 +63,6 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def _wait_for(predicate, timeout: float, what: str, detail=lambda: ""):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{detail()}")
-
-
 def _survivors(pids: set[int]) -> str:
     """The processes of `pids` still running, by pid, name and state, for a timeout's message."""
     return ": still running " + ", ".join(f"{p} {_comm(p)!r} ({_state(p)})" for p in sorted(pids) if _running(p))
@@ -84,7 +73,7 @@ def _start(cmd: list[str], run: Path) -> tuple[subprocess.Popen, int, set[int]]:
     vLLM; return the process, 04's pid and every process below 04 at that moment."""
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = run / "04_sft_warmup" / "valid_samples" / "step_1.json"
-    _wait_for(lambda: first.is_file() or proc.poll() is not None, 600, "04's first validation")
+    wait_for(lambda: first.is_file() or proc.poll() is not None, 600, "04's first validation")
     assert proc.poll() is None, f"{cmd[1]} ended (exit {proc.returncode}) before it could be signalled"
     stage = proc.pid if cmd[1] == "04_sft_warmup.py" else next(  # a forked stage keeps the driver's command
         p for p in _children(proc.pid)                               # line; its name is the stage's (the
@@ -102,7 +91,7 @@ SHUTDOWN_S = 180
 
 
 def _assert_stopped(run: Path, pids: set[int]) -> None:
-    _wait_for(lambda: not [p for p in pids if _running(p)], SHUTDOWN_S, "the stage's engine processes to end",
+    wait_for(lambda: not [p for p in pids if _running(p)], SHUTDOWN_S, "the stage's engine processes to end",
               lambda: _survivors(pids))
     manifest = json.loads((run / "04_sft_warmup" / "manifest.json").read_text())
     assert manifest["status"] == "failed"
@@ -140,7 +129,7 @@ def test_a_sigkilled_stage_leaves_no_engine_behind(tmp_path):
     proc, _, below = _start(cmd, out / "t")
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
-    _wait_for(lambda: not [p for p in below if _running(p)], SHUTDOWN_S, "the engine core to follow its killed stage",
+    wait_for(lambda: not [p for p in below if _running(p)], SHUTDOWN_S, "the engine core to follow its killed stage",
               lambda: _survivors(below))
     # the SIGKILLed stage could not write its manifest: it still says "running", and the next run
     # takes its lock over as stale (tests/test_lock.py)
@@ -156,7 +145,7 @@ def test_a_sigkilled_driver_takes_its_running_stage_down_in_order(tmp_path):
     driver, stage, below = _start([sys.executable, "09_driver.py", "--method", "sft", "--run_id", "r", *sets], out / "r")
     driver.send_signal(signal.SIGKILL)
     assert driver.wait(timeout=30) == -signal.SIGKILL
-    _wait_for(lambda: not _running(stage), 120, "the driver's stage to stop")
+    wait_for(lambda: not _running(stage), 120, "the driver's stage to stop")
     _assert_stopped(out / "r", below)
     assert "Terminated" in (out / "r" / "04_sft_warmup" / "manifest.json").read_text()
     # the stage released its hold; what remains is the dead driver's own lock, which the next driver
