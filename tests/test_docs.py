@@ -272,6 +272,7 @@ def test_a_registry_names_the_valid_choices_for_an_unknown_name():
 
 ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
 ARCHITECTURE_MAX_WORDS = 3000
+DOC_MAX_WORDS = 5000  # RESULTS, PERFORMANCE, OPERATIONS (issue 99)
 # docs/ARCHITECTURE.md, "Protocol"   or   docs/ARCHITECTURE.md "Stages" and "Memory of the update"
 SECTION_CITE = re.compile(r"docs/([A-Z]+)\.md,?\s+((?:\"[^\"\n]+\"(?:\s*(?:,|and)\s*)?)+)")
 
@@ -286,6 +287,14 @@ def test_architecture_is_a_map_not_a_manual():
     """ARCHITECTURE stays a map that points at the docstrings holding the detail (issue 85)."""
     words = len(ARCHITECTURE.read_text().split())
     assert words <= ARCHITECTURE_MAX_WORDS, f"docs/ARCHITECTURE.md has {words} words (at most {ARCHITECTURE_MAX_WORDS})"
+
+
+@pytest.mark.parametrize("name", ["RESULTS", "PERFORMANCE", "OPERATIONS"])
+def test_the_long_docs_say_what_holds_at_head_in_a_bounded_length(name):
+    """RESULTS, PERFORMANCE and OPERATIONS say what holds at HEAD; history and superseded figures go to
+    the journal (issue 99), so each stays within DOC_MAX_WORDS."""
+    words = len((ROOT / "docs" / f"{name}.md").read_text().split())
+    assert words <= DOC_MAX_WORDS, f"docs/{name}.md has {words} words (at most {DOC_MAX_WORDS}): move history to docs/journal"
 
 
 def test_every_doc_section_the_code_cites_exists():

@@ -2,10 +2,11 @@
 a ChatML template, 30 layers), fetched offline by `download.sh --model smollm2-135m-instruct`
 (utils/core/model_sources.py), on the generated word problems (utils/data/word_problems.py).
 
-Stages 00 -> 04 train a protocol adapter in a few steps and 06 takes one GRPO step from it, as a user's
-run would; the tests then check what a character-level model cannot show: token-in/token-out across
-BPE merges, the updated LoRA reaching both engines in both serving modes, the engines agreeing, the
-chunked LM head at the real vocabulary, and the chat template around the two roles.
+Stages 00 -> 04 train a protocol adapter in a few steps and 06 takes two GRPO steps from it on vLLM, as a
+user's run would; the tests then check what a character-level model cannot show: token-in/token-out
+across BPE merges, the updated LoRA reaching both engines in both serving modes, the engines agreeing,
+the chunked LM head at the real vocabulary, the executors seeing only their subtask, and the chat
+template around the two roles.
 """
 from __future__ import annotations
 
