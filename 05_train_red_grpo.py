@@ -1,6 +1,6 @@
-"""05_train_red_grpo: the methods with an SFT term, from the SFT checkpoint: red by default,
-fixed_sft, matched_sft and sft (the same trainer with another --algorithm config; the pure-RL
-methods are 06's, and this script refuses them).
+"""05_train_red_grpo: the methods with an SFT term, red by default (the same trainer with another
+--algorithm config, each named in --help; the pure-RL methods are 06's, and this script
+refuses them).
 
 Each step rolls out questions x n samples on the engine serving the current LoRA adapter,
 scores them with the reward spec, and takes one optimizer step on

@@ -1,5 +1,5 @@
-"""06_ablate_grpo_only: the pure-RL methods, no SFT term: grpo by default, rloo, gspo and red_paper
-(the methods with an SFT term are 05's, and this script refuses them).
+"""06_ablate_grpo_only: the pure-RL methods, no SFT term, grpo by default (the others are named in
+--help; the methods with an SFT term are 05's, and this script refuses them).
 
 The same trainer as 05 (utils/train/rl_stage.py), the same outputs layout
 (outputs/<run_id>/06_ablate_grpo_only/<method>/); only the config differs. Any 05 flag works here.

@@ -1,12 +1,12 @@
 """09_driver: run the whole chain for one or more methods and seeds.
 
-    python 09_driver.py --method red|grpo|fixed_sft|matched_sft|sft|rloo|gspo|red_paper|all|M1,M2,…
+    python 09_driver.py --method red|NAME|all|M1,M2,…   (the methods: --help, or python -m utils.core.methods)
                         [--run_id run_001] [--seeds 1,2,3]
                         [--config run.yaml] [--model tiny-arith] [--data synthetic_arith] [--force] [--dry_run]
                         [--executor sequential|ray] [--launch fork|exec] [--ray_address ADDR] [--ray_cpus N]
                         [--branch_cpus C] [--branch_gpus G] [--set key=value ...]
 
-`all` is the RED study: red, grpo, fixed_sft, matched_sft and sft; rloo, gspo and red_paper by name or in a list.
+`all` is the RED study's arms (`--help` names them); every other method runs by name or in a list.
 Per seed: 00 → 01 → 02 → 03 → 04 → each method's 05/06 (red before matched_sft, which reads red's mean
 SFT weight) → 07 on base, sft_warmup and every method, in one process sharing one engine; then
 08_compare_runs over all seeds writes outputs/<run_id>/08_compare_runs/report.md.

@@ -60,3 +60,16 @@ def test_a_registry_levels_are_read_from_its_source_or_refused(tmp_path):
     assert registry_levels("m.py", "A", tmp_path) == {"a": "token", "b": "sequence"}
     with pytest.raises(ValueError, match="m.py:2: every entry of B must be"):
         registry_levels("m.py", "B", tmp_path)
+
+
+def test_the_method_table_and_each_trainers_list_come_from_the_registry():
+    """`python -m utils.core.methods` and 05/06's --help name the methods from METHODS alone: each
+    method in one trainer's list, the one its flags say (an SFT term: 05), and one table line each."""
+    from utils.core.methods import METHODS, RL_TRAINER, SFT_TRAINER, table, trained_by
+
+    sft, rl = trained_by(SFT_TRAINER), trained_by(RL_TRAINER)
+    assert sorted(sft + rl) == sorted(METHODS) and not set(sft) & set(rl)
+    assert "red" in sft and "grpo" in rl and all(METHODS[m].flags["sft"] for m in sft)
+    lines = table()
+    assert [line.split()[0] for line in lines[1:]] == list(METHODS)
+    assert all(METHODS[line.split()[0]].trainer == line.split()[1] for line in lines[1:])

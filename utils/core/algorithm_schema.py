@@ -25,7 +25,8 @@ class SftConfig:
                                    "seed's red run (05_train_red_grpo/red must have run).")
     weighting: str = field("red", "How a step weighs the SFT term against the policy loss (utils/train/sft_weights.py): "
                                   "red, L_GRPO + w·α·L_SFT with RED's w (G = 1: a constant); chord, "
-                                  "(1−μ)·L_GRPO + μ·α·L_SFT on CHORD's μ schedule (algorithm.chord).", SFT_WEIGHTINGS)
+                                  "(1−μ)·L_GRPO + μ·α·L_SFT on CHORD's μ schedule (algorithm.chord); srft, "
+                                  "L_policy + α·L_SFT with each token's NLL × exp(−H) of its sequence.", SFT_WEIGHTINGS)
 
 
 @dataclass

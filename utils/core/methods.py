@@ -5,9 +5,9 @@ A method is a config, not a copy of the trainer, and each of its facts is writte
 - its flags and hyperparameters in `configs/algorithms/<name>.yaml` (`method_flags` reads the flags
   from there; nothing else restates them);
 - its summary, the methods it needs first and whether the study runs it, in `METHODS` below;
-- its trainer follows from its flags: 05 trains every method with an SFT term (red, fixed_sft,
-  matched_sft, and sft, which has nothing else), 06 every pure-RL method (grpo, rloo, gspo,
-  red_paper); each refuses the other's methods.
+- its trainer follows from its flags: 05 trains every method with an SFT term, 06 every pure-RL
+  method; each refuses the other's methods. `python -m utils.core.methods` prints the table (name,
+  trainer, study arm, what it needs first, summary) from `METHODS`, the one list there is.
 The name is the single spelling used everywhere: the config file, the trainer's output folder
 (`05_train_red_grpo/<name>/` or `06_ablate_grpo_only/<name>/`), the evaluation folder
 (`07_evaluate/<name>/`) and the report's rows. Two evaluated checkpoints are not methods: `base`
@@ -175,3 +175,21 @@ def implied_method(alg) -> str | None:
         if not contradictions_with(alg, m):
             return m.name
     return None
+
+
+def trained_by(trainer: str) -> list[str]:
+    """The registered methods `trainer` (05 or 06) trains, in registry order."""
+    return [m.name for m in METHODS.values() if m.trainer == trainer]
+
+
+def table() -> list[str]:
+    """The registry as a plain-text table, one method a line."""
+    lines = [f"{'method':<14} {'trains in':<20} {'study':<6} {'needs':<6} summary"]
+    for m in METHODS.values():
+        lines.append(f"{m.name:<14} {m.trainer:<20} {'yes' if m.in_study else 'no':<6} "
+                     f"{','.join(m.needs) or '-':<6} {m.summary}")
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(table()))

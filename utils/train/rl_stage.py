@@ -20,7 +20,7 @@ from utils.core.cli import parse_stage_args
 from utils.core.config import to_dict
 from utils.core.io import read_jsonl
 from utils.core.manifest import StageRun
-from utils.core.methods import METHODS
+from utils.core.methods import METHODS, trained_by
 from utils.core.models import load_tokenizer
 from utils.core.stages import StageError, model_dir, output_path, parent, stage_config, stage_dir
 from utils.core.tracking import MetricsLogger, NullLogger
@@ -124,7 +124,8 @@ def run_rl_stage(stage: str, description: str, argv: list[str], default_algorith
     from tqdm import tqdm
 
     argv = list(argv) if "--algorithm" in argv else ["--algorithm", default_algorithm, *argv]
-    cfg, _ = parse_stage_args(description, argv)
+    trains = f"\nThe methods it trains (utils/core/methods.py): {', '.join(trained_by(stage))}."
+    cfg, _ = parse_stage_args(description + trains, argv)
     method = cfg.algorithm.method
     if METHODS[method].trainer != stage:
         kind = "a method with an SFT term" if METHODS[method].flags["sft"] else "a pure-RL method"
