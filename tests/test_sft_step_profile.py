@@ -1,27 +1,17 @@
-"""benchmarks/sft_step_profile.py measures 04's SFT step against a floor that must compute the same
-function: the adapter merged into the weights gives the LoRA model's loss, and the floor's backward
+"""benchmarks/sft_step_profile.py (through utils/train/sft_floor.py) measures 04's SFT step against a
+floor that must compute the same function: the adapter merged into the weights gives the LoRA model's loss, and the floor's backward
 reaches every layer while training no weight but the input embedding. And the real step it times
 takes exactly the batches the floor is timed on, in order."""
-import importlib.util
-
 import torch
 
 from helpers import random_examples, random_lora
-from utils.core.config import ROOT
 from utils.core.schema import LoraConfig, WarmupConfig
 from utils.train.policy import load_policy, sft_loss
 from utils.train.sft_trainer import SftLoop
 
 
-def _profile_module():
-    spec = importlib.util.spec_from_file_location("sft_step_profile", ROOT / "benchmarks" / "sft_step_profile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_merged_floor_computes_the_lora_models_loss_and_trains_only_the_embedding(base_dir):
-    mod = _profile_module()
+    import utils.train.sft_floor as mod
     model = random_lora(base_dir)
     model.train()
     batch = random_examples(6)
@@ -39,7 +29,7 @@ def test_the_merged_floor_computes_the_lora_models_loss_and_trains_only_the_embe
 def test_the_timed_steps_take_the_recorded_batches_in_order(base_dir, tmp_path, monkeypatch):
     import utils.train.sft_trainer as st
 
-    mod = _profile_module()
+    import utils.train.sft_floor as mod
     model = random_lora(base_dir)
     loop = SftLoop(model, random_examples(10, seed=1), WarmupConfig(steps=8, batch_size=4), 3, 0, tmp_path, None, "x")
     batches = mod.record_batches(loop, 5)
