@@ -14,7 +14,8 @@ from utils.core.cli import parse_stage_args
 from utils.data.adapters import get_adapter
 from utils.data.checks import check_dataset, summarize
 from utils.data.prepare import CONTEXT_CORPUS
-from utils.core.manifest import StageRun, atomic_write_json
+from utils.core.files import atomic_write_json
+from utils.core.manifest import StageRun
 from utils.core.config import repo_path
 from utils.core.stages import StageError, run_main, stage_config, stage_dir
 

@@ -16,7 +16,9 @@ import sys
 from utils.agent.prompts import fit_context, render_planner
 from utils.core.cli import parse_stage_args
 from utils.core.io import read_records, write_jsonl
-from utils.core.manifest import StageRun, path_sha256, publish_dir
+from utils.core.files import publish_dir
+from utils.core.hashing import path_sha256
+from utils.core.manifest import StageRun
 from utils.core.models import load_tokenizer
 from utils.core.config import repo_path
 from utils.core.stages import StageError, model_dir, parent, run_main, stage_config, stage_dir

@@ -10,7 +10,8 @@ import sys
 
 from utils.core.cli import parse_stage_args
 from utils.core.io import read_records
-from utils.core.manifest import StageRun, atomic_write_json
+from utils.core.files import atomic_write_json
+from utils.core.manifest import StageRun
 from utils.reward.cases import CASES, run_cases
 from utils.reward.spec import gold_self_score, spec_from_config, write_spec
 from utils.core.stages import StageError, output_path, parent, run_main, stage_config, stage_dir

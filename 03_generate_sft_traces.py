@@ -20,7 +20,8 @@ from utils.agent.rollout import Codec
 from utils.agent.traces import longest_turns, skipped_stats, trace_record, trace_stats
 from utils.core.cli import parse_stage_args
 from utils.core.io import read_jsonl, write_jsonl
-from utils.core.manifest import StageRun, atomic_write_json
+from utils.core.files import atomic_write_json
+from utils.core.manifest import StageRun
 from utils.core.models import load_tokenizer
 from utils.core.stages import StageError, model_dir, output_path, parent, run_main, stage_config, stage_dir
 from utils.data.trace_sources import TRACE_SOURCES, TraceJob

@@ -28,7 +28,8 @@ from utils.agent.retrieval import run_retriever
 from utils.agent.rollout import Codec, RolloutSpec
 from utils.core.cli import parse_stage_args, stage_parser
 from utils.core.io import read_jsonl, write_jsonl
-from utils.core.manifest import StageRun, atomic_write_json, atomic_write_text
+from utils.core.files import atomic_write_json, atomic_write_text
+from utils.core.manifest import StageRun
 from utils.core.models import load_tokenizer
 from utils.core.methods import CHECKPOINTS, SFT_WARMUP
 from utils.core.stages import (evaluation_settings, model_dir, output_path, parent, resolve_checkpoint, run_main,

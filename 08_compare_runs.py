@@ -26,7 +26,8 @@ utils/eval/report.py (writing).
 import sys
 
 from utils.core.cli import parse_stage_args, stage_parser
-from utils.core.manifest import StageRun, atomic_write_text
+from utils.core.files import atomic_write_text
+from utils.core.manifest import StageRun
 from utils.core.config import repo_path
 from utils.core.stages import StageError, run_main, stage_dir
 from utils.eval.compare import (DEFAULT_RESAMPLES, compare_settings, find_run_dirs, load_evaluation, load_trainings,

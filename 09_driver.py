@@ -32,7 +32,7 @@ import sys
 import time
 
 from utils.core.lock import HOLDER_ENV, RunLock, RunLocked
-from utils.core.manifest import rel
+from utils.core.files import rel
 from utils.core.methods import METHODS, STUDY
 from utils.core.signals import TERMINATED_EXIT, Terminated, exit_without_teardown, sigterm_as_interrupt, stop_word
 from utils.core.stages import DISK_ERRORS, disk_error

@@ -66,7 +66,8 @@ sys.path.insert(0, str(ROOT))
 from gpu_shapes import SHAPES, ShapeRun, gpu_reset, param_count  # noqa: E402
 from utils.core.faults import fault_point  # noqa: E402
 from utils.core.io import read_jsonl  # noqa: E402
-from utils.core.manifest import atomic_write_text, read_manifest  # noqa: E402
+from utils.core.files import atomic_write_text
+from utils.core.manifest import read_manifest  # noqa: E402
 from utils.core.signals import TERMINATED_EXIT, Terminated, sigterm_as_interrupt, stop_word  # noqa: E402
 
 STAGES = ("00_check_data", "01_prepare_dataset", "02_build_rewards", "03_generate_sft_traces", "04_sft_warmup")
@@ -323,7 +324,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     r: dict = {"argv": sys.argv[1:], "env": environment(), "seed_shape": {}, "chain": {}, "skipped": []}
 
-    def save() -> None:  # both files, each replaced whole (utils/core/manifest.py), after every phase
+    def save() -> None:  # both files, each replaced whole (utils/core/files.py), after every phase
         r["seconds"] = round(time.time() - t0, 1)
         atomic_write_text(args.out / "gpu_check.json", json.dumps(r, indent=1))
         atomic_write_text(args.out / "gpu_check.txt", summary(r))

@@ -19,7 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
-from utils.core.manifest import peak_gpu_mb
+from utils.core.provenance import peak_gpu_mb
 
 ROOT = Path(__file__).resolve().parent.parent
 

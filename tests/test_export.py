@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from helpers import greedy_episodes, peft_logprobs, arith_rows
 from utils.core.config import ROOT
-from utils.core.manifest import path_sha256
+from utils.core.hashing import path_sha256
 from utils.core.schema import EngineConfig
 
 

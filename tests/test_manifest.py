@@ -9,9 +9,11 @@ import time
 
 import pytest
 
-from utils.core import manifest as mf
+from utils.core import files, hashing, manifest as mf
 from utils.core.config import ROOT
-from utils.core.manifest import VOLATILE_KEYS, StageRun, atomic_write_json, manifest_digest, path_sha256, read_manifest
+from utils.core.files import atomic_write_json
+from utils.core.hashing import path_sha256
+from utils.core.manifest import StageRun, VOLATILE_KEYS, manifest_digest, read_manifest
 
 
 def _run_stage(out_dir, inp, config):
@@ -40,7 +42,7 @@ def test_same_stage_twice_gives_identical_manifest_apart_from_times(tmp_path):
     assert set(VOLATILE_KEYS) - {"peak_gpu_mb", "memory_estimate_gib"} <= set(data)
     assert "peak_gpu_mb" not in data  # written only by a process that started CUDA
     assert data["status"] == "completed"
-    assert data["config_sha256"] == mf.config_sha256({"a": [1, 2], "b": 2})
+    assert data["config_sha256"] == hashing.config_sha256({"a": [1, 2], "b": 2})
     assert data["inputs"] == {str(inp.resolve()): path_sha256(inp)}
     assert data["metrics"] == {"n_rows": 2}
     for key in ("git", "versions", "device", "seed", "parents", "outputs"):
@@ -59,7 +61,7 @@ def test_changed_input_changes_manifest_and_digest(tmp_path):
 
 
 def test_paths_inside_the_repo_are_stored_relative():
-    assert mf.rel(ROOT / "configs" / "data") == "configs/data"
+    assert files.rel(ROOT / "configs" / "data") == "configs/data"
 
 
 def test_directory_hash_covers_names_and_contents(tmp_path):
@@ -177,14 +179,14 @@ def _folder(path, text: str):
 
 
 def test_publishing_a_folder_replaces_the_old_one_and_a_cut_keeps_one_whole(tmp_path, monkeypatch):
-    """mf.publish_dir: the new folder takes the name and nothing is left aside; when the process dies
+    """files.publish_dir: the new folder takes the name and nothing is left aside; when the process dies
     after the old one is moved aside (simulated: the second rename raises SystemExit, as a signal's
     unwinding would), the old one is put back and the new one stays whole beside it, where the
     delete-then-rename that checkpoints, adapters and data used before would have left neither."""
     from pathlib import Path
 
     dest = _folder(tmp_path / "best", "old")
-    mf.publish_dir(_folder(tmp_path / "best.tmp", "new"), dest)
+    files.publish_dir(_folder(tmp_path / "best.tmp", "new"), dest)
     assert (dest / "f.txt").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["best"]
 
     real = Path.rename
@@ -196,7 +198,7 @@ def test_publishing_a_folder_replaces_the_old_one_and_a_cut_keeps_one_whole(tmp_
 
     monkeypatch.setattr(Path, "rename", killed)
     with pytest.raises(SystemExit):
-        mf.publish_dir(_folder(tmp_path / "best.tmp", "newer"), dest)
+        files.publish_dir(_folder(tmp_path / "best.tmp", "newer"), dest)
     monkeypatch.undo()
     assert (dest / "f.txt").read_text() == "new"  # put back
     assert (tmp_path / "best.tmp" / "f.txt").read_text() == "newer"  # the new one, whole, for a rerun
@@ -210,7 +212,7 @@ def test_a_kill_between_publishings_two_renames_is_undone_by_the_next_start(tmp_
     (tmp_path / "ckpt").mkdir()
     dest = _folder(tmp_path / "ckpt" / "best", "old")
     _folder(tmp_path / "ckpt" / "best.tmp", "new")
-    code = ("import sys; from pathlib import Path; from utils.core.manifest import publish_dir; "
+    code = ("import sys; from pathlib import Path; from utils.core.files import publish_dir; "
             "publish_dir(Path(sys.argv[1]) / 'best.tmp', Path(sys.argv[1]) / 'best')")
     env = {**os.environ, "REDCODA_FAULT": "publish:best"}
     env.pop("REDCODA_FAULT_STAGE", None)
@@ -220,10 +222,10 @@ def test_a_kill_between_publishings_two_renames_is_undone_by_the_next_start(tmp_
     left = sorted(p.name for p in dest.parent.iterdir())
     assert left[0].startswith(".best.old-") and left[1:] == ["best.tmp"], left  # cut: neither has the name
 
-    mf.remove_stale_temporaries(tmp_path)  # a stage's start: the old folder back, the cut new one gone
+    files.remove_stale_temporaries(tmp_path)  # a stage's start: the old folder back, the cut new one gone
     assert (dest / "f.txt").read_text() == "old" and sorted(p.name for p in dest.parent.iterdir()) == ["best"]
 
     aside = _folder(tmp_path / "ckpt" / ".best.old-12345", "older")  # a kill after the new one took the name
-    mf.publish_dir(_folder(tmp_path / "ckpt" / "best.tmp", "newest"), dest)
+    files.publish_dir(_folder(tmp_path / "ckpt" / "best.tmp", "newest"), dest)
     assert (dest / "f.txt").read_text() == "newest" and not aside.exists()
     assert sorted(p.name for p in dest.parent.iterdir()) == ["best"]

@@ -1,5 +1,5 @@
 """Inputs that cannot go stale: a stage that loads the base model records the model folder's files
-(utils/core/manifest.py model_identity), so replacing its weights makes the driver re-run exactly the
+(utils/core/hashing.py model_identity), so replacing its weights makes the driver re-run exactly the
 stages that read it and say why; and a generated dataset's setting that the files were not written
 with is named by the dry run as what 00 will stop on."""
 import shutil

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Callable
 
 from utils.core.io import DataError, read_records, require, write_jsonl
-from utils.core.manifest import atomic_write_json, path_sha256
+from utils.core.files import atomic_write_json
+from utils.core.hashing import path_sha256
 from utils.core.registry import Registry
 
 INDEX_FILE, DOCS_FILE = "index.json", "docs.jsonl"

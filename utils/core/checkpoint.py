@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from utils.core.faults import fault_point
-from utils.core.manifest import atomic_write_json, publish_dir
+from utils.core.files import atomic_write_json, publish_dir
 
 
 def _save_pretrained(model, out_dir: Path) -> None:

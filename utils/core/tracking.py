@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from utils.core.manifest import atomic_write_text
+from utils.core.files import atomic_write_text
 
 
 class NullBackend:

@@ -11,7 +11,8 @@ import json
 import shutil
 from pathlib import Path
 
-from utils.core.manifest import atomic_write_json, path_sha256, publish_dir
+from utils.core.files import atomic_write_json, publish_dir
+from utils.core.hashing import path_sha256
 from utils.data.adapters import SPLITS
 
 

@@ -38,7 +38,7 @@ from collections import Counter
 from importlib import metadata
 from pathlib import Path
 
-from utils.core.manifest import config_sha256
+from utils.core.hashing import config_sha256
 from utils.data.draw import draw_splits, publish_splits, up_to_date
 from utils.data.worked_lines import line_calculations
 from utils.reward.scorers import parse_number

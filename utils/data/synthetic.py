@@ -19,7 +19,8 @@ from pathlib import Path
 from utils.data.arith import is_task_question, make_problem
 from utils.data.draw import draw_splits
 from utils.data.lookup import generate_lookup
-from utils.core.manifest import atomic_write_json, config_sha256, path_sha256, publish_dir
+from utils.core.files import atomic_write_json, publish_dir
+from utils.core.hashing import config_sha256, path_sha256
 from utils.core.schema import DataConfig
 
 def generate_rows(cfg: DataConfig) -> dict[str, list[dict]]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from utils.core.manifest import config_sha256
+from utils.core.hashing import config_sha256
 from utils.data.draw import draw_splits, publish_splits, up_to_date
 
 GENERATOR_VERSION = 3  # raised whenever the same config would write other files: an older folder is rewritten

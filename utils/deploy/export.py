@@ -21,7 +21,8 @@ from pathlib import Path
 from utils.agent.merge import lora_deltas, weight_files
 from utils.core.cli import parse_stage_args, stage_parser
 from utils.core.config import repo_path, to_dict
-from utils.core.manifest import MANIFEST_NAME, StageRun, path_sha256
+from utils.core.hashing import path_sha256
+from utils.core.manifest import MANIFEST_NAME, StageRun
 from utils.core.methods import BASE, CHECKPOINTS
 from utils.core.stages import StageError, model_dir, resolve_checkpoint, run_dir, run_main
 

@@ -29,7 +29,7 @@ from utils.agent.retrieval import run_retriever
 from utils.agent.rollout import Codec, Rollout, RolloutSpec
 from utils.core.cli import parse_stage_args, stage_parser
 from utils.core.io import read_records
-from utils.core.manifest import atomic_write_text
+from utils.core.files import atomic_write_text
 from utils.core.methods import CHECKPOINTS, SFT_WARMUP
 from utils.core.models import load_tokenizer
 from utils.core.schema import ENGINE_NAMES, THINKING_MODES

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from utils.core.io import DataError, read_records
-from utils.core.manifest import MANIFEST_NAME, read_manifest, rel
+from utils.core.files import rel
+from utils.core.manifest import MANIFEST_NAME, read_manifest
 from utils.core.methods import CHECKPOINTS, TRAINERS
 from utils.core.schema import RunConfig
 from utils.core.config import repo_path

@@ -25,7 +25,7 @@ from utils.agent.prompts import actor_critic_for
 from utils.agent.protocol import EXECUTOR, PLANNER, THINK, extract_tag, split_actor_critic
 from utils.agent.rollout import Codec, Rollout, RolloutSpec
 from utils.core.checkpoint import save_weights
-from utils.core.manifest import atomic_write_json
+from utils.core.files import atomic_write_json
 from utils.core.schema import RunConfig
 from utils.reward.spec import RewardSpec, score_episodes
 from utils.eval.passk import curve, k_grid

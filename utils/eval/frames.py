@@ -13,7 +13,7 @@ from typing import Callable
 
 import pandas as pd
 
-from utils.core.manifest import rel
+from utils.core.files import rel
 from utils.eval.compare import PHASES, SUMMARY_FIELDS, Evaluation, Training, fmt, method_key
 from utils.eval.stats import mean_ci_across_seeds
 

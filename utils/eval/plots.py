@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from utils.core.manifest import atomic_write_bytes
+from utils.core.files import atomic_write_bytes
 from utils.eval import frames
 from utils.eval.compare import PHASES, Evaluation, Training, curve_label, method_key
 from utils.eval.curves import plot_pass_at_k

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from utils.core.manifest import MANIFEST_NAME, read_manifest, rel
+from utils.core.files import rel
+from utils.core.manifest import MANIFEST_NAME, read_manifest
 from utils.core.methods import CONTROL, SFT_WARMUP
 from utils.eval.compare import Evaluation, Training, config_diff, fmt
 from utils.eval import frames

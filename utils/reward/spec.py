@@ -13,7 +13,7 @@ import yaml
 from utils.agent.episode import Episode
 from utils.agent.protocol import EXECUTOR, PLANNER
 from utils.core.config import field, from_dict, read_yaml, to_dict
-from utils.core.manifest import atomic_write_text
+from utils.core.files import atomic_write_text
 from utils.core.schema import RewardConfig, RunConfig
 from utils.reward.scorers import answer_score, composite, shaped_reward, subtask_independence
 

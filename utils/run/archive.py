@@ -30,7 +30,9 @@ from pathlib import Path
 from utils.core.config import ROOT
 from utils.core.errors import StageError
 from utils.core.io import jsonl_text, read_records
-from utils.core.manifest import MANIFEST_NAME, atomic_write_json, publish_dir, read_manifest, recover_aside, utc_now
+from utils.core.files import atomic_write_json, publish_dir, recover_aside
+from utils.core.manifest import MANIFEST_NAME, read_manifest
+from utils.core.provenance import utc_now
 from utils.core.methods import TRAINERS
 from utils.eval.compare import CompareError, evaluation_dirs, find_run_dirs, load_evaluation, load_trainings
 from utils.run.diff import find_run
@@ -103,7 +105,7 @@ def collect(run: Path) -> dict[str, tuple[str, Path, dict]]:
 
 
 def _write_folder(target: Path, files: dict[str, bytes]) -> None:
-    """Build the folder beside `target`, then put it in place with `publish_dir` (utils/core/manifest.py:
+    """Build the folder beside `target`, then put it in place with `publish_dir` (utils/core/files.py:
     a kill between its renames leaves the old folder or the new one, which the next archive recovers)."""
     staging = target.with_name(f".{target.name}.new.tmp")
     shutil.rmtree(staging, ignore_errors=True)  # a build a kill cut short: never published, rebuilt whole

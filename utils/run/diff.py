@@ -6,7 +6,7 @@ prints what differs:
 
 - `status`, `seed`, `world_size`, `device`, the git commit and the package versions;
 - config keys, dotted, with both values;
-- the base model a stage loaded: its folder and each file's digest (utils/core/manifest.py
+- the base model a stage loaded: its folder and each file's digest (utils/core/hashing.py
   `model_identity`);
 - input, output and parent digests (paths inside the run are written `<run>/...`, so two run ids
   compare; a path only one side has is marked `only in A` / `only in B`);
@@ -16,7 +16,7 @@ Stages only one run has are listed. Times, peak memory, seals and warnings alway
 two runs and are left out unless `--all` (which shows them but does not count them as a
 difference). Read-only. Exit status as `diff`'s: 0 when nothing else differs, 1 when something does, 2 on an error (a run that is not there, a manifest that is not
 JSON), named with its file. Plain `diff -r` on the two folders keeps working: manifests are
-sorted-key JSON (utils/core/manifest.py).
+sorted-key JSON (utils/core/files.py `canonical_json`).
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def flatten(value, prefix: str = "") -> dict:
 def run_prefix(manifest: dict, label: str) -> str | None:
     """How the run's own folder is written in `manifest`'s paths: what precedes `<label>/` in one of
     its outputs. Manifests write paths relative to the repo root of the clone that ran them, else
-    absolute (utils/core/manifest.rel), so a copied or moved run keeps the paths of the first."""
+    absolute (utils/core/files.py `rel`), so a copied or moved run keeps the paths of the first."""
     for path in manifest.get("outputs") or {}:
         at = path.find(f"/{label}/")
         if at >= 0:

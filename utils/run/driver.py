@@ -28,8 +28,10 @@ from utils.core.cli import parse_stage_args
 from utils.core.config import ROOT, repo_path
 from utils.core.console import filtered_here
 from utils.core.loader import uses_vllm
-from utils.core.manifest import (MANIFEST_NAME, atomic_write_json, config_sha256, manifest_digest, model_changes, path_sha256,
-                                 read_manifest, rel, seal_state, utc_now)
+from utils.core.files import atomic_write_json, rel
+from utils.core.hashing import config_sha256, model_changes, path_sha256
+from utils.core.manifest import MANIFEST_NAME, manifest_digest, read_manifest, seal_state
+from utils.core.provenance import utc_now
 from utils.core.methods import BASE, METHODS, SFT_WARMUP
 from utils.core.signals import run_child, run_forked, stop_word
 from utils.core.stages import StageError, evaluation_settings, stage_config, stage_dir

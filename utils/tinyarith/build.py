@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 from utils.core.config import ROOT, ConfigError, apply_overrides, from_dict, read_yaml, to_dict
-from utils.core.manifest import (atomic_write_json, config_sha256, git_state, package_versions, path_sha256,
-                                 publish_dir)
+from utils.core.files import atomic_write_json, publish_dir
+from utils.core.hashing import config_sha256, path_sha256
+from utils.core.provenance import git_state, package_versions
 from utils.tinyarith.model import (PretrainConfig, chain_prompts, greedy_accuracy, heldout_prompts, pretrain,
                               save_tokenizer)
 

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 from utils.core.config import ROOT, ConfigError, from_dict, read_yaml, repo_path
-from utils.core.manifest import path_sha256, read_manifest
+from utils.core.hashing import path_sha256
+from utils.core.manifest import read_manifest
 from utils.core.schema import DataConfig
 
 BASE_DIR = ROOT / "artifacts" / "tiny-arith"
