@@ -11,4 +11,4 @@ if [ ! -x .venv/bin/python ]; then
   echo "download.sh: .venv not found; run 'bash setup.sh' first" >&2
   exit 2
 fi
-exec .venv/bin/python -m utils.tinyarith.download "$@"
+exec .venv/bin/python -m utils.run.download "$@"

@@ -5,7 +5,7 @@ import torch
 
 from utils.tinyarith.build import DEFAULT_RECIPE, build
 from utils.core.config import from_dict, read_yaml
-from utils.tinyarith.download import verify_base
+from utils.tinyarith.build import verify_base
 from utils.core.manifest import read_manifest
 from utils.tinyarith.model import (BOS_ID, PretrainConfig, chain_prompts, char_vocab, greedy_accuracy, heldout_prompts,
                               llama_config)

