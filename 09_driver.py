@@ -31,6 +31,7 @@ import os
 import sys
 import time
 
+from utils.core.cli import HelpWithDefaults
 from utils.core.lock import HOLDER_ENV, RunLock, RunLocked
 from utils.core.files import rel
 from utils.core.methods import METHODS, STUDY
@@ -41,7 +42,7 @@ from utils.run.driver import (REPORT, RunManifest, dry_run, plan, run_batch, run
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = HelpWithDefaults(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--method", default="red",
                     help=f"a method ({', '.join(METHODS)}), a comma-separated list of them, or all: the RED "
                          f"study's arms ({', '.join(STUDY)})")

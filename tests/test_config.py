@@ -356,3 +356,28 @@ def test_a_vllm_max_lora_rank_below_the_lora_rank_is_refused_at_parse_time(tmp_p
                           "--set", "model.lora.rank=16"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "config error: model.engine.max_lora_rank=8 is smaller" in out.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_help_ends_with_what_the_main_command_trains_with_and_where_each_setting_comes_from(capsys):
+    """A stage's and the driver's --help name the default run's settings beyond the schema's defaults,
+    each with its file, so no one reads the schema's lr 1e-4 as what `09_driver.py --method red` uses."""
+    import runpy
+
+    from utils.core.cli import default_run_settings, parse_stage_args
+
+    lines = {line.split(" = ")[0].strip(): line for line in default_run_settings()}
+    assert lines["algorithm.rl.lr"].endswith("= 0.0004  (configs/regimes/imperfect_teacher.yaml)")
+    assert lines["warmup.steps"].endswith("= 800  (configs/data/synthetic_arith.yaml (run:))")
+    assert lines["algorithm.red.G"].endswith("(configs/algorithms/red.yaml)")
+    assert not any(key.startswith(("model.", "data.")) for key in lines)
+    real = {line.split(" = ")[0].strip() for line in default_run_settings("smollm2-135m-instruct", "grpo", "word_problems")}
+    assert "algorithm.rl.temperature" in real and "algorithm.red.G" not in real  # another run, other files
+    for run in (lambda: parse_stage_args("t", ["--help"]), lambda: runpy.run_path(str(ROOT / "09_driver.py"), run_name="__main__")):
+        with pytest.raises(SystemExit):
+            argv, sys.argv = sys.argv, ["09_driver.py", "--help"]
+            try:
+                run()
+            finally:
+                sys.argv = argv
+        out = capsys.readouterr().out
+        assert "algorithm.rl.lr = 0.0004  (configs/regimes/imperfect_teacher.yaml)" in out

@@ -17,8 +17,42 @@ from utils.core.schema import RunConfig
 from utils.core.loader import config_from_layers, config_layers, config_sources
 
 
+DEFAULT_RUN = ("tiny-arith", "red", "synthetic_arith")  # --model, --algorithm, --data of the main command
+
+
+def default_run_settings(model: str = DEFAULT_RUN[0], algorithm: str = DEFAULT_RUN[1],
+                         data: str = DEFAULT_RUN[2]) -> list[str]:
+    """What a run with these tiers trains with beyond the schema's defaults, `key = value  (file)` a
+    line, the model's and the data's own sections left out (their files describe the model and the
+    task): the regime, the tiers' `run:` sections and the method's settings."""
+    layers = config_layers(model, algorithm, data, [], None)
+    values, lines = to_dict(config_from_layers(layers)), []
+    for key, source in config_sources(layers).items():
+        if not key.startswith(("model.", "data.")):
+            value = values
+            for part in key.split("."):
+                value = value[part]
+            lines.append(f"  {key} = {value!r}  ({source})")
+    return lines
+
+
+class HelpWithDefaults(argparse.ArgumentParser):
+    """An argument parser whose --help ends with what the main command trains with (computed only
+    when help is asked for), so the schema's defaults are never mistaken for the default run's."""
+
+    def format_help(self) -> str:
+        try:
+            lines = default_run_settings()
+        except ConfigError as exc:  # a broken config tree: help still prints, and says why
+            lines = [f"  (not readable: {exc})"]
+        self.epilog = ("What the main command (--model {} --algorithm {} --data {}) trains with beyond the schema's "
+                       "defaults (utils/core/schema.py), each setting with the file that sets it; --help-config "
+                       "lists every key:\n".format(*DEFAULT_RUN) + "\n".join(lines))
+        return super().format_help()
+
+
 def stage_parser(description: str) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = HelpWithDefaults(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-arith", help="configs/models/<name>.yaml or a YAML path")
     ap.add_argument("--algorithm", default="red", help="configs/algorithms/<name>.yaml or a YAML path")
     ap.add_argument("--data", default="synthetic_arith", help="configs/data/<name>.yaml or a YAML path")
