@@ -11,6 +11,7 @@ template around the two roles.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -214,10 +215,11 @@ def _trainer_logprobs(model, cfg, ids, start, temperature: float = 1.0):
 
 
 @pytest.mark.parametrize("serving", ["merged", "adapter"])
-def test_the_rl_update_reaches_the_sampler(real_run, tokenizer, serving):
+def test_the_rl_update_reaches_the_sampler(real_run, tokenizer, serving, tmp_path, capfd):
     """After one RL step, vLLM scores a fixed sequence as the trainer does with the new adapter, and
     unlike the adapter before the update or the bare base (merged serving reloads the base weights
-    with the LoRA folded in; adapter serving swaps a LoRARequest)."""
+    with the LoRA folded in, saying nothing of SmolLM2's tied head, and refuses a LoRA on that head;
+    adapter serving swaps a LoRARequest)."""
     from dataclasses import replace
 
     from utils.agent.engines import VLLMEngine
@@ -239,6 +241,19 @@ def test_the_rl_update_reaches_the_sampler(real_run, tokenizer, serving):
         for name, adapter in (("after", after), ("before", before), ("base", None)):
             engine.set_adapter(adapter)
             got[name] = engine.prompt_logprobs(ids, len(prompt))
+        assert "Failed to load weights" not in "".join(capfd.readouterr())  # the tied head's reload notice
+        if serving == "merged":
+            from safetensors.torch import save_file
+
+            head = tmp_path / "head"
+            shutil.copytree(after, head)
+            tensors, r = load_file(head / "adapter_model.safetensors"), cfg.model.lora.rank
+            shape = json.loads((Path(cfg.model.path) / "config.json").read_text())
+            tensors["base_model.model.lm_head.lora_A.weight"] = torch.zeros(r, shape["hidden_size"])
+            tensors["base_model.model.lm_head.lora_B.weight"] = torch.zeros(shape["vocab_size"], r)
+            save_file(tensors, head / "adapter_model.safetensors")
+            with pytest.raises(ValueError, match="ties its LM head to its embeddings"):
+                engine.set_adapter(head)
     finally:
         engine.close()
     want = _trainer_logprobs(_trainer(cfg, after), cfg, ids, len(prompt))

@@ -21,10 +21,11 @@ decoding is identical in both (tests/test_engines.py).
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
-from utils.agent.merge import MergedWeights, weight_files
+from utils.agent.merge import MergedWeights, head_conflict, tied_head, weight_files
 from utils.agent.sampling import BatchedCalls, Engine, Sample, SamplingSpec, truncate_at_stop
 from utils.agent.served import OpenAIEngine
 from utils.agent.vllm_compat import in_process, skip_logprob_token_text
@@ -156,9 +157,23 @@ class HFEngine(BatchedCalls):
         pass
 
 
-def _reload_in_worker(weights, worker) -> None:
+class _TiedHeadNotice(logging.Filter):
+    """Drops vLLM's `ParallelLMHead: Failed to load weights` on a model whose head is tied to its
+    embeddings (utils/agent/merge.py `tied_head`): the reload wrote the embeddings the head shares, and
+    a LoRA that would make the head's copy stale is refused before (`head_conflict`). On an untied
+    model the warning would mean a missing weight, and still reaches the console."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "ParallelLMHead: Failed to load weights"
+
+
+def _reload_in_worker(weights, tied: bool, worker) -> None:
     """Runs in vLLM's worker process (a pickled callable: plain collective_rpc arguments lose their
     tensor types on the way)."""
+    if tied:
+        log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+        if not any(isinstance(f, _TiedHeadNotice) for f in log.filters):
+            log.addFilter(_TiedHeadNotice())
     worker.reload_weights(weights_iterator=iter(weights))
 
 
@@ -234,10 +249,16 @@ class VLLMEngine:
 
         release_freed_memory()  # the trainer's freed activations, before the reload allocates (utils/core/heap.py)
         weights = MergedWeights(weight_files(self.model_path), path)
+        tied = tied_head(self.model_path)
+        conflict = head_conflict(weights.factors, tied)
+        if conflict:
+            raise ValueError(f"{path}: adapter targets {conflict}, but {self.model_path} ties its LM head to its "
+                             f"embeddings, whose merged reload would leave the head's old copy in vLLM; set "
+                             f"model.engine.lora_serving=adapter or leave it out of model.lora.target_modules")
         unknown = sorted(set(weights.factors) - weights.names())
         if unknown:
             raise ValueError(f"{path}: adapter targets {unknown[0]}, which {self.model_path} does not have")
-        self.llm.collective_rpc(functools.partial(_reload_in_worker, weights))
+        self.llm.collective_rpc(functools.partial(_reload_in_worker, weights, tied))
         self.llm.reset_prefix_cache()
         release_freed_memory()
 

@@ -66,12 +66,32 @@ def lora_factors(adapter_dir: Path) -> tuple[float, dict]:
     r = cfg["r"]
     scale = cfg["lora_alpha"] / (math.sqrt(r) if cfg.get("use_rslora") else r)
     tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    embedding = sorted(k for k in tensors if ".lora_embedding_" in k)
+    if embedding:  # peft's embedding LoRA is a lookup, not scale·B·A on a weight: it would be dropped
+        raise ValueError(f"{adapter_dir}: {embedding[0]} is an embedding LoRA, which cannot be served merged; "
+                         "set model.engine.lora_serving=adapter or leave the embeddings out of model.lora.target_modules")
     factors = {}
     for key, a in tensors.items():
         if key.endswith(".lora_A.weight"):
             prefix = key[:-len(".lora_A.weight")]
             factors[prefix.removeprefix("base_model.model.") + ".weight"] = (a, tensors[prefix + ".lora_B.weight"])
     return scale, factors
+
+
+def tied_head(model_dir: Path) -> bool:
+    """Whether the model ties its LM head to its input embeddings (config.json `tie_word_embeddings`):
+    then vLLM loads one of the two and, on a merged reload, puts the head's old copy back and warns
+    `ParallelLMHead: Failed to load weights`, harmless while no LoRA touches either."""
+    config = json.loads((model_dir / "config.json").read_text())
+    return bool(config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings", False)))
+
+
+def head_conflict(names, tied: bool) -> str | None:
+    """The LoRA target, among weight `names`, that merged serving would serve wrongly on a model whose
+    head is tied to its embeddings (the reload keeps the head's old copy), or None."""
+    if not tied:
+        return None
+    return next((n for n in sorted(names) if n == "lm_head.weight" or n.endswith("embed_tokens.weight")), None)
 
 
 def weight_files(model_dir: Path) -> list[Path]:
