@@ -180,3 +180,12 @@ def test_the_converted_weights_and_vocabulary_are_the_ggufs(tmp_path):
     ids = tok.encode(text, add_special_tokens=False)
     assert tok.decode(ids) == text and "Ġ" in "".join(vocab[i] for i in ids)  # the space marker, as the GGUF spells it
     assert [vocab[i] for i in tok.encode("1250", add_special_tokens=False)] == ["1", "2", "5", "0"]  # a digit a token
+    # the GGUF's add_bos_token is what the saved tokenizer does, either way (Gemma-3's conversion dropped it)
+    from transformers import AutoTokenizer
+
+    from utils.core.model_sources import gguf_tokenizer
+
+    for add_bos in (True, False):
+        gguf_tokenizer(path, add_bos).save_pretrained(tmp_path / f"tok_{add_bos}")
+        saved = AutoTokenizer.from_pretrained(tmp_path / f"tok_{add_bos}")
+        assert saved.bos_token_id is not None and (saved.encode("2 + 2")[0] == saved.bos_token_id) == add_bos

@@ -158,19 +158,28 @@ def gguf_metadata(path: Path, label: str | None = None) -> dict:
             "chat_template": field("tokenizer.chat_template") is not None}
 
 
+def gguf_tokenizer(gguf: Path, add_bos: bool | None = None):
+    """The GGUF's tokenizer through transformers, with `add_bos` (the GGUF's own
+    `tokenizer.ggml.add_bos_token`) set where the conversion dropped it and the vocabulary has a BOS."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    if add_bos is not None and tokenizer.bos_token_id is not None and getattr(tokenizer, "add_bos_token", None) != add_bos:
+        tokenizer.add_bos_token = add_bos
+    return tokenizer
+
+
 def convert_gguf(gguf: Path, out: Path, label: str | None = None, add_bos: bool | None = None) -> dict:
     """Write an HF folder for `gguf` into `out` (fp32 safetensors, tokenizer, chat template); its config.
     `add_bos`: the GGUF's own `tokenizer.ggml.add_bos_token`, which transformers' conversion drops for
     some tokenizers (Gemma-3's: prompts would start without <bos>); it is set on the saved tokenizer.
     Errors name `label`, else the path."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     folder, name = str(gguf.parent), gguf.name
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        if add_bos is not None and tokenizer.bos_token_id is not None and getattr(tokenizer, "add_bos_token", None) != add_bos:
-            tokenizer.add_bos_token = add_bos
+        tokenizer = gguf_tokenizer(gguf, add_bos)
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except (ValueError, KeyError, NotImplementedError) as exc:
         raise SourceError(f"{label or gguf}: transformers cannot convert this GGUF "
