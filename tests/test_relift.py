@@ -42,6 +42,20 @@ def test_failed_questions_wait_newest_first_and_leave_by_the_buffers_size():
     assert step.notes["relift_demos"] == ["q0a", "q0b", "q1a", "q1b"] and state.relift == ["q3"]
 
 
+def test_a_kept_group_with_partial_credit_and_no_right_answer_enters_the_buffer_once():
+    """With dynamic sampling and a partial-credit scorer (f1), a group with a signal but no fully right
+    answer is judged by the sampler (`answers`) and kept: `regroup` must not note it a second time."""
+    demos = {q: OfflineSample([f"{q}a"], "1", []) for q in ("q0", "q1")}
+    state = TrainState()
+    buffer = HardBuffer(demos, size=4, n=2, state=state)
+    for q, answers in (("q0", [0.5, 0.2]), ("q1", [0.0, 0.0])):  # q0 kept (a signal), q1 dropped
+        buffer.answers({"id": q}, answers)
+    buffer.regroup(_step({"q0": [0.5, 0.2]}))  # only the kept group reaches the step
+    assert state.relift == ["q0", "q1"]
+    buffer.regroup(_step({"q0": [0.5, 0.2]}))  # a later step without dynamic sampling: noted by regroup
+    assert state.relift == ["q0", "q0", "q1"]
+
+
 def test_relift_is_its_own_method_and_turns_on_its_variant():
     alg = load_run_config(algorithm="relift").algorithm
     assert alg.relift.enabled and alg.relift.buffer_size == 4 and alg.sft.loss_coef == 1.0

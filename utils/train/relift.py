@@ -25,6 +25,7 @@ class HardBuffer(StepVariant):
     def __init__(self, samples: dict, size: int, n: int, state):
         self.samples, self.size, self.n, self.state = samples, size, n, state
         self.failed: list[str] = []  # this step's questions with a demonstration and no right rollout
+        self.judged: set[str] = set()  # this step's questions dynamic sampling judged (their groups noted then)
 
     def _note(self, row: dict, answers: list[float]) -> None:
         if row["id"] in self.samples and not any(map(is_correct, answers)):
@@ -32,13 +33,15 @@ class HardBuffer(StepVariant):
 
     def answers(self, row: dict, answers: list[float]) -> list[float]:
         self._note(row, answers)
+        self.judged.add(row["id"])
         return answers  # the group is judged as GRPO judges it
 
     def regroup(self, step: StepData) -> None:
-        for g, row in enumerate(step.rows):
-            self._note(row, [s["answer"] for s in step.scored[g * self.n:(g + 1) * self.n]])
+        for g, row in enumerate(step.rows):  # the kept groups dynamic sampling did not already judge
+            if row["id"] not in self.judged:
+                self._note(row, [s["answer"] for s in step.scored[g * self.n:(g + 1) * self.n]])
         buffer = self.failed + self.state.relift  # a question that fails again may wait twice, as released
-        self.failed = []
+        self.failed, self.judged = [], set()
         step.sft = []  # no SFT term inside the RL update
         if len(buffer) >= self.size:
             taken, buffer = buffer[:self.size], buffer[self.size:]
