@@ -56,6 +56,17 @@ def test_a_kept_group_with_partial_credit_and_no_right_answer_enters_the_buffer_
     assert state.relift == ["q0", "q0", "q1"]
 
 
+def test_relift_refuses_more_than_one_rank():
+    from types import SimpleNamespace
+
+    from utils.core.errors import StageError
+
+    buffer = HardBuffer({}, size=2, n=2, state=TrainState())
+    buffer.check(SimpleNamespace(size=1))
+    with pytest.raises(StageError, match=r"algorithm.relift needs one rank \(this run has 2\)"):
+        buffer.check(SimpleNamespace(size=2))
+
+
 def test_relift_is_its_own_method_and_turns_on_its_variant():
     alg = load_run_config(algorithm="relift").algorithm
     assert alg.relift.enabled and alg.relift.buffer_size == 4 and alg.sft.loss_coef == 1.0

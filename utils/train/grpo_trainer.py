@@ -45,7 +45,7 @@ from utils.train.policy import (batch_logprobs, dropout_active, policy_device, r
 from utils.train.questions import rl_strata
 from utils.train.red import RedState, red_update
 from utils.train.red_paper import ExpertTraces
-from utils.train.relift import HardBuffer, demo_step
+from utils.train.relift import HardBuffer
 from utils.train.sampler import (DynamicSampler, SampledBatch, batch_accuracy, group_advantages,
                                  zero_variance_fraction)
 from utils.train.schedule import warmup_cosine
@@ -104,9 +104,8 @@ class GrpoTrainer:
         params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=self.alg.rl.lr, weight_decay=self.alg.rl.weight_decay)
         self.state = TrainState()
-        if self.alg.relift.enabled and world.size > 1:
-            raise StageError(f"algorithm.relift needs one rank (this run has {world.size}): each rank's buffer would "
-                             f"fill at its own step, and its SFT step would leave the others behind")
+        for variant in self.variants():  # each refuses the ranks it cannot run on
+            variant.check(world)
         if self.alg.rl.dynamic_sampling and world.size > 1:
             raise StageError(f"algorithm.rl.dynamic_sampling={self.alg.rl.dynamic_sampling} needs one rank (this "
                              f"run has {world.size}): its refill rounds draw questions from a stream the ranks "
@@ -314,8 +313,8 @@ class GrpoTrainer:
         timings["time/logprobs"] = time.time() - t0
         t0 = time.time()
         stats, skipped = self._update(batch, old_lp, accuracy, ref_lp, data.sft)
-        if "relift_demos" in data.notes:  # ReLIFT's own SFT step on its full buffer
-            stats.update(demo_step(self, data.notes["relift_demos"]))
+        for v in variants:  # a variant's own optimizer step after the update (ReLIFT's)
+            stats.update(v.extra_step(self, data))
         for v in variants:
             v.after_update(stats, skipped, self.state)
             stats.update(v.metrics(data, self.world))

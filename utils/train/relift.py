@@ -13,6 +13,7 @@ departures from the paper's runs.
 """
 from __future__ import annotations
 
+from utils.core.errors import StageError
 from utils.reward.scorers import is_correct
 from utils.train.policy import sft_backward, sft_batch
 from utils.train.variants import StepData, StepVariant
@@ -48,6 +49,14 @@ class HardBuffer(StepVariant):
             step.notes["relift_demos"] = [ex for q in taken for ex in self.samples[q].examples]
         self.state.relift = buffer
         step.notes["relift"] = len(buffer)
+
+    def extra_step(self, trainer, step: StepData) -> dict:
+        return demo_step(trainer, step.notes["relift_demos"]) if "relift_demos" in step.notes else {}
+
+    def check(self, world) -> None:
+        if world.size > 1:
+            raise StageError(f"algorithm.relift needs one rank (this run has {world.size}): each rank's buffer would "
+                             f"fill at its own step, and its SFT step would leave the others behind")
 
     def metrics(self, step: StepData, world) -> dict:
         return {"relift/buffer": step.notes["relift"], "relift/sft_step": float("relift_demos" in step.notes)}

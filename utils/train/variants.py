@@ -9,10 +9,13 @@ A step (utils/train/grpo_trainer.py `GrpoTrainer.step`) calls each active varian
    mark episodes whose place another sequence took (`step.replaced`);
 3. `extend(step, adv)`: after them, extra training sequences (`step.extra`: (Example, advantage,
    group accuracy)) and per planner turn advantage bonuses (`step.bonus`, per episode);
-4. `after_update(stats, skipped, state)`: what the next step needs, kept in the checkpointed
+4. `extra_step(trainer, step)`: an optimizer step of its own after the update (ReLIFT's SFT step
+   on its full buffer), its stats;
+5. `after_update(stats, skipped, state)`: what the next step needs, kept in the checkpointed
    TrainState;
-5. `metrics(step, world)`: its logged metrics, gathered over the ranks so that every rank logs the
+6. `metrics(step, world)`: its logged metrics, gathered over the ranks so that every rank logs the
    same.
+Before the first step the trainer asks each `check(world)`, which refuses ranks it cannot run on.
 The defaults change nothing.
 """
 from __future__ import annotations
@@ -47,7 +50,13 @@ class StepVariant:
     def extend(self, step: StepData, adv) -> None:
         pass
 
+    def extra_step(self, trainer, step: StepData) -> dict:  # noqa: ARG002 - the default takes none
+        return {}
+
     def after_update(self, stats: dict, skipped: int, state) -> None:
+        pass
+
+    def check(self, world) -> None:
         pass
 
     def metrics(self, step: StepData, world) -> dict:
