@@ -10,7 +10,7 @@ from utils.agent.traces import OfflineSample
 from utils.core.config import ConfigError
 from utils.core.loader import load_run_config
 from utils.reward.spec import RewardSpec
-from utils.train.grpo_trainer import active_variants
+from utils.train.method_variants import active_variants
 from utils.train.hpt import DemoSwitch
 from utils.train.variants import StepData
 

@@ -187,7 +187,7 @@ def test_a_config_turns_on_exactly_its_trainer_variants():
     from utils.core.schema import ProcessRewardConfig
     from utils.reward.spec import RewardSpec
     from utils.train.red_paper import ExpertTraces
-    from utils.train.grpo_trainer import active_variants
+    from utils.train.method_variants import active_variants
     from utils.train.variants import ProcessRewards, StepData
 
     alg = load_run_config(algorithm="red_paper").algorithm

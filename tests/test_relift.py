@@ -11,7 +11,8 @@ from utils.agent.traces import OfflineSample
 from utils.core.config import ConfigError
 from utils.core.loader import load_run_config
 from utils.reward.spec import RewardSpec
-from utils.train.grpo_trainer import TrainState, active_variants
+from utils.train.method_variants import active_variants
+from utils.train.state import TrainState
 from utils.train.relift import HardBuffer
 from utils.train.variants import StepData
 

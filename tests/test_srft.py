@@ -12,7 +12,7 @@ from utils.core.loader import load_run_config
 from utils.core.schema import MemoryConfig
 from utils.reward.spec import RewardSpec
 from utils.train.batch import RlBatch
-from utils.train.grpo_trainer import active_variants
+from utils.train.method_variants import active_variants
 from utils.train.losses import Agg
 from utils.train.policy import forward_logprobs, sft_terms
 from utils.train.red import RedState

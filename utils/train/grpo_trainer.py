@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -35,59 +35,22 @@ from utils.agent.episode import dump_episodes
 from utils.agent.rollout import Rollout
 from utils.core.checkpoint import is_checkpoint, resume_latest, save_checkpoint, save_weights
 from utils.core.errors import StageError
-from utils.core.stream import Cursor, rl_question_key, take
+from utils.core.stream import rl_question_key, take
 from utils.reward.scorers import is_correct
 from utils.train.batch import build_rl_batch, minibatch_rows, sft_parts, take_rows
 from utils.train.guard import SaveClock, SkipStreak, finish_step
-from utils.train.hpt import DemoSwitch
+from utils.train.method_variants import active_variants
 from utils.train.policy import (batch_logprobs, dropout_active, policy_device, reference_logprobs, sft_backward,
                                 sft_batch)
 from utils.train.questions import rl_strata
 from utils.train.red import RedState, red_update
-from utils.train.red_paper import ExpertTraces
-from utils.train.relift import HardBuffer
 from utils.train.sampler import (DynamicSampler, SampledBatch, batch_accuracy, group_advantages,
                                  zero_variance_fraction)
 from utils.train.schedule import warmup_cosine
-from utils.train.srft import DemoGroups
+from utils.train.state import TrainState
 from utils.train.update import Tally, red_grpo_loss
-from utils.train.variants import ProcessRewards, StepData, StepVariant
+from utils.train.variants import StepData
 from utils.train.world import SOLO, World
-
-
-@dataclass
-class TrainState:
-    step: int = 0
-    questions: Cursor = field(default_factory=Cursor)  # the (seed, "q", epoch)-shuffled question stream
-    sft: Cursor = field(default_factory=Cursor)  # the (seed, "s", epoch)-shuffled SFT example stream
-    red: dict = field(default_factory=lambda: asdict(RedState()))
-    red_paper: dict = field(default_factory=dict)  # red_paper: the previous step's entropies (h_sft, h_rl)
-    relift: list = field(default_factory=list)  # ReLIFT's buffer: question ids, newest first
-
-    @classmethod
-    def from_json(cls, d: dict) -> "TrainState":
-        return cls(**{**d, "questions": Cursor(**d["questions"]), "sft": Cursor(**d["sft"])})
-
-
-def active_variants(alg, spec, offline: dict, prm=None, state: TrainState | None = None) -> list[StepVariant]:
-    """The variants a run's config turns on, in hook order: expert traces (algorithm.red_paper.offline,
-    with the traces `offline` read; utils/train/red_paper.py), HPT's switch to demonstrations
-    (algorithm.hpt.enabled, the same traces; utils/train/hpt.py), SRFT's demonstrations in the groups
-    (algorithm.srft.enabled; utils/train/srft.py), ReLIFT's buffer of failed questions (algorithm.relift,
-    kept in `state`; utils/train/relift.py), then process rewards
-    (reward.process.source; utils/train/variants.py)."""
-    out: list[StepVariant] = []
-    if alg.red_paper.offline and offline:
-        out.append(ExpertTraces(offline, spec, alg.rl.n_samples))
-    if alg.hpt.enabled:
-        out.append(DemoSwitch(offline, alg.hpt.gate, alg.rl.n_samples))
-    if alg.srft.enabled and offline:
-        out.append(DemoGroups(offline, spec, alg.rl.n_samples))
-    if alg.relift.enabled:
-        out.append(HardBuffer(offline, alg.relift.buffer_size, alg.rl.n_samples, state or TrainState()))
-    if spec.process.source != "none":
-        out.append(ProcessRewards(spec.process.source, alg.rl, prm))
-    return out
 
 
 class GrpoTrainer:

@@ -1,6 +1,6 @@
 """Trainer variants: what red_paper's expert traces (utils/train/red_paper.py `ExpertTraces`) and
 process rewards add to a GRPO step, as plug-ins the step calls at fixed points instead of branches
-on the config (docs/ARCHITECTURE.md, "Training"). utils/train/grpo_trainer.py `active_variants` builds
+on the config (docs/ARCHITECTURE.md, "Training"). utils/train/method_variants.py `active_variants` builds
 the ones a run's config turns on; plain GRPO has none.
 
 A step (utils/train/grpo_trainer.py `GrpoTrainer.step`) calls each active variant's hooks in order:
