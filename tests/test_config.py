@@ -105,7 +105,7 @@ def test_describe_lists_every_leaf_with_help():
 
 
 @pytest.mark.parametrize("override,valid", [
-    ("algorithm.rl.loss_agg=token_mean", "token-mean, seq-mean-token-mean, seq-mean-token-sum-norm"),
+    ("algorithm.rl.loss_agg=token_mean", "token-mean, token-sum-norm, seq-mean-token-mean, seq-mean-token-sum-norm"),
     ("algorithm.rl.adv_scaling=std", "group, batch, none, rloo"),
     ("algorithm.rl.policy_loss=ppo", "ppo_clip, gspo"),
     ("model.engine.name=sglang", "vllm, hf"),

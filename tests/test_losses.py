@@ -68,6 +68,10 @@ def test_aggregations_by_hand():
     assert aggregate(Agg("seq-mean-token-sum-norm", horizon=4), X, MASK).item() == pytest.approx(2.0)
     with pytest.raises(ValueError, match="algorithm.rl.loss_horizon"):
         aggregate("seq-mean-token-sum-norm", X, MASK)  # no constant: refused, not the padded width
+    # token-sum-norm (the SRFT/HPT/ReLIFT releases' RL term): the batch's token sum over the constant, 16 / 8
+    assert aggregate(Agg("token-sum-norm", horizon=8), X, MASK).item() == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="algorithm.rl.loss_horizon"):
+        aggregate("token-sum-norm", X, MASK)
 
 
 def test_seq_mean_counts_each_episode_once_however_many_executor_calls():
@@ -104,7 +108,7 @@ def test_sum_norm_divides_by_its_constant_not_the_padded_width():
 
 
 def test_unknown_names_list_the_valid_ones():
-    with pytest.raises(KeyError, match="valid: seq-mean-token-mean, seq-mean-token-sum-norm, token-mean"):
+    with pytest.raises(KeyError, match="valid: seq-mean-token-mean, seq-mean-token-sum-norm, token-mean, token-sum-norm"):
         aggregate("sum", X, MASK)
     with pytest.raises(KeyError, match="valid: batch, group, none, rloo"):
         advantages("gae", torch.zeros(4), 2)

@@ -159,6 +159,7 @@ CASES = {  # the method (its config) and the settings over it
     "seq-mean-token-mean": ("red", ["algorithm.rl.loss_agg=seq-mean-token-mean"]),
     "seq-mean-token-sum-norm": ("red", ["algorithm.rl.loss_agg=seq-mean-token-sum-norm",
                                         "algorithm.rl.loss_horizon=50"]),
+    "token-sum-norm": ("red", ["algorithm.rl.loss_agg=token-sum-norm", "algorithm.rl.loss_horizon=50"]),
     "entropy+kl": ("red", ["algorithm.rl.entropy_coef=0.05", "algorithm.rl.kl_coef=0.1"]),
     "tis": ("red", ["algorithm.rl.tis_cap=2.0"]),
     "gspo": ("gspo", []),

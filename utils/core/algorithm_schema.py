@@ -85,7 +85,7 @@ class RlConfig:
     clip_low: float = field(0.2, "PPO clip below 1.", minimum=0.0)
     clip_high: float = field(0.28, "PPO clip above 1 (clip-higher, as in DAPO).", minimum=0.0)
     loss_agg: str = field("token-mean", "How per-token losses are averaged (seq-mean: over episodes).", LOSS_AGGS)
-    loss_horizon: int = field(1024, "seq-mean-token-sum-norm's constant divisor of an episode's token sum.", minimum=1)
+    loss_horizon: int = field(1024, "The token-sum-norm modes' constant divisor (of an episode's token sum, or of the batch's).", minimum=1)
     adv_scaling: str = field("none", "Advantage: r - group mean scaled by the group's or batch's std, or not (none = "
                                      "Dr. GRPO: a 0.1 format gap is not blown up to a correct answer's size; chosen "
                                      "on val), or rloo (r - mean of the group's other samples).", ADV_SCALINGS)

@@ -101,7 +101,7 @@ ADVANTAGES: Registry[Callable[..., torch.Tensor]] = Registry("advantage scaling"
 class Agg:
     """A loss aggregation: its registered name, plus what the seq-mean modes need. `episode` [B]:
     the episode each row belongs to (None: every row is its own), so that an episode counts once
-    however many executor calls it made; `horizon`: seq-mean-token-sum-norm's constant divisor.
+    however many executor calls it made; `horizon`: the token-sum-norm modes' constant divisor.
 
     A micro-batch's share of a whole batch's aggregation (utils/train/update.py) carries the batch's
     normalisers instead: `total`, token-mean's token count over the whole batch, or `row_weight` [B],
@@ -147,8 +147,18 @@ def agg_seq_mean_token_sum_norm(x: torch.Tensor, mask: torch.Tensor, episode=Non
     return (sums / horizon).mean() if len(sums) else x.sum() * 0
 
 
+def agg_token_sum_norm(x: torch.Tensor, mask: torch.Tensor, episode=None, horizon=None) -> torch.Tensor:  # noqa: ARG001
+    """The batch's token sum divided by the constant `horizon`, every token weighted alike whatever its
+    batch holds: how SRFT's, HPT's and ReLIFT's released verl trainers normalise their RL term
+    (`loss_remove_token_mean=True`, a constant of 8,192 a micro-batch there) -> scalar."""
+    if not horizon or horizon <= 0:
+        raise ValueError("token-sum-norm divides by a constant: give a horizon > 0 (algorithm.rl.loss_horizon)")
+    return (x * mask).sum() / horizon
+
+
 AGGREGATIONS: Registry[Callable[..., torch.Tensor]] = Registry("loss aggregation", {
     "token-mean": agg_token_mean,
+    "token-sum-norm": agg_token_sum_norm,
     "seq-mean-token-mean": agg_seq_mean_token_mean,
     "seq-mean-token-sum-norm": agg_seq_mean_token_sum_norm,
 })

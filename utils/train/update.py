@@ -123,7 +123,7 @@ def batch_norms(batch: RlBatch | None, sft_mask: torch.Tensor | None, rl, world:
     counts = world.sum(torch.stack([tokens, roll, expert, sft, seqs, episodes]))
     tokens, roll, expert, sft, seqs, episodes = counts.clamp(min=1).unbind()
     row_weight = None
-    if batch is not None and rl.loss_agg != "token-mean":
+    if batch is not None and rl.loss_agg.startswith("seq-mean"):
         per_episode = ep_tokens if rl.loss_agg == "seq-mean-token-mean" else torch.full_like(ep_tokens, rl.loss_horizon)
         row_weight = torch.where(seq_tokens > 0, 1 / (per_episode[inverse].clamp(min=1) * episodes),
                                  torch.zeros_like(seq_tokens))
@@ -135,8 +135,9 @@ def _agg(rl, batch: RlBatch, norms: Norms | None = None, rows=None) -> Agg:
     whole batch's `norms`, the share of the batch's `rows` (None: all of them)."""
     if norms is None:
         return Agg(rl.loss_agg, batch.episode, rl.loss_horizon)
-    if norms.row_weight is None:
-        return Agg(rl.loss_agg, total=norms.tokens)
+    if norms.row_weight is None:  # a token mode: its share is this piece's token sum over the batch's divisor
+        divisor = norms.tokens if rl.loss_agg == "token-mean" else norms.tokens.new_tensor(float(rl.loss_horizon))
+        return Agg(rl.loss_agg, total=divisor)
     return Agg(rl.loss_agg, row_weight=norms.row_weight if rows is None else norms.row_weight[rows])
 
 
