@@ -374,3 +374,17 @@ def test_pass_at_k_is_a_hit_only_for_a_fully_correct_sample():
               {"qid": "b", "answer": 0.5}, {"qid": "b", "answer": 1.0},  # one sample right: a hit
               {"qid": "c", "answer": 0.0}, {"qid": "c", "answer": 0.0}]
     assert pass_at_k(scored) == pytest.approx(1 / 3)
+
+
+def test_the_unclipped_loss_is_minus_a_times_the_ratio_by_hand():
+    """The releases' RL term (loss_remove_clip=True): −A·r per token with no clip, where PPO-clip would
+    stop a ratio of e^0.5 at 1.28 for a positive advantage."""
+    from utils.train.losses import policy_loss
+
+    old = torch.zeros(1, 2)
+    logp, adv, mask = torch.tensor([[0.5, -0.5]]), torch.tensor([2.0]), torch.ones(1, 2)
+    loss, stats = policy_loss("unclipped", logp, old, adv, mask, 0.2, 0.28, "token-mean")
+    want = -(2 * math.exp(0.5) + 2 * math.exp(-0.5)) / 2
+    assert loss.item() == pytest.approx(want) and stats["clip_frac"] == 0.0
+    clipped, clip_stats = policy_loss("ppo_clip", logp, old, adv, mask, 0.2, 0.28, "token-mean")
+    assert clipped.item() == pytest.approx(-(2 * 1.28 + 2 * math.exp(-0.5)) / 2) and clip_stats["clip_frac"] == 0.5

@@ -89,8 +89,9 @@ class RlConfig:
     adv_scaling: str = field("none", "Advantage: r - group mean scaled by the group's or batch's std, or not (none = "
                                      "Dr. GRPO: a 0.1 format gap is not blown up to a correct answer's size; chosen "
                                      "on val), or rloo (r - mean of the group's other samples).", ADV_SCALINGS)
-    policy_loss: str = field("ppo_clip", "Policy loss: ppo_clip (per-token ratio) or gspo (one clipped "
-                                         "ratio per sequence; method gspo).", POLICY_LOSS_NAMES)
+    policy_loss: str = field("ppo_clip", "Policy loss: ppo_clip (per-token ratio), gspo (one clipped "
+                                         "ratio per sequence; method gspo) or unclipped (−A·r, as the SRFT, HPT "
+                                         "and ReLIFT releases train).", POLICY_LOSS_NAMES)
     tis_cap: float = field(0.0, "Truncated importance sampling: weight each token's policy loss by "
                                 "min(p_trainer / p_sampler, tis_cap), detached (0 = off). For bf16 "
                                 "engines whose probabilities differ from the trainer's; ~1 in fp32 here.", minimum=0.0)

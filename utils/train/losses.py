@@ -251,10 +251,26 @@ def tis_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.
     return torch.clamp(torch.exp(d), max=cap)
 
 
+def unclipped_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                   clip_low: float, clip_high: float, agg: "str | Agg",  # noqa: ARG001 - no clip
+                   is_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """−A·r per token, r = exp(logp − old_logp), never clipped: the RL term of SRFT's, HPT's and
+    ReLIFT's released trainers (`loss_remove_clip=True`). Same shapes and stats as ppo_clip_loss
+    (its clip_frac is 0)."""
+    ratio = torch.exp(logp - old_logp)
+    per_token = -(adv[:, None] if adv.dim() == 1 else adv) * ratio
+    if is_weight is not None:
+        per_token = per_token * is_weight
+    with torch.no_grad():
+        ratio_mean = agg_token_mean(ratio, mask)
+    return aggregate(agg, per_token, mask), {"clip_frac": 0.0, "ratio_mean": ratio_mean.item()}
+
+
 # name -> (loss function, the level its importance weights act at)
 POLICY_LOSSES: Registry[tuple[Callable[..., tuple[torch.Tensor, dict]], str]] = Registry("policy loss", {
     "ppo_clip": (ppo_clip_loss, "token"),
     "gspo": (gspo_loss, "sequence"),
+    "unclipped": (unclipped_loss, "token"),
 })
 
 
