@@ -161,3 +161,10 @@ def cut_rows(rows: list[int], ids: torch.Tensor, attn: torch.Tensor, *per_token:
     idx = torch.tensor(rows, device=ids.device)
     width = int(attn[idx].sum(1).max())
     return (ids[idx, :width], attn[idx, :width], *(None if t is None else t[idx, :width - 1] for t in per_token))
+
+
+def offline_rows(batch: RlBatch) -> torch.Tensor:
+    """[S, 1]: 1.0 on expert rows (red_paper), else 0."""
+    if batch.offline is None:
+        return torch.zeros(len(batch.adv), 1, device=batch.mask.device)
+    return batch.offline[:, None].float()

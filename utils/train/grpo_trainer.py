@@ -60,7 +60,7 @@ class GrpoTrainer:
         self.cfg, self.alg, self.model, self.engine, self.rollout = cfg, cfg.algorithm, model, engine, rollout
         self.spec, self.rows, self.sft_examples, self.pad_id = spec, rows, sft_examples, pad_id
         self.strata = rl_strata(rows, out_dir) if cfg.algorithm.rl.stratify else None  # gold lengths, mixed evenly
-        self.offline = offline or {}  # red_paper: question id -> OfflineSample (utils/agent/traces.py)
+        self.offline = offline or {}  # demonstrations: question id -> OfflineSample (utils/agent/traces.py)
         self.prm = None  # reward.process.source judge: a JudgePRM (utils/reward/process.py), set by build_trainer
         self.out, self.logger, self.config_sha, self.world = out_dir, logger, config_sha, world
         self.device = policy_device(model)
@@ -78,8 +78,8 @@ class GrpoTrainer:
         self.policy_dir = out_dir / ("policy" if world.main else f"policy_rank{world.rank}")  # one per engine
 
     def variants(self) -> list:
-        """The step's active variants (utils/train/variants.py), from the config, red_paper's expert
-        traces (`offline`) and the judge (`prm`) as they are now."""
+        """The step's active variants (utils/train/variants.py), from the config (utils/train/method_variants.py), the
+        demonstrations (`offline`) and the judge (`prm`) as they are now."""
         return active_variants(self.alg, self.spec, self.offline, self.prm, self.state)
 
     # ------------------------------------------------------------ checkpoints
@@ -196,7 +196,7 @@ class GrpoTrainer:
 
     def _update(self, batch, old_lp, accuracy: float, ref_lp=None, chosen_sft: list | None = None) -> tuple[dict, int]:
         """The optimizer step(s) on L_GRPO − β·H + w·α·L_SFT, then the RED state update: (stats, skipped).
-        `chosen_sft`: this rank's SFT examples where a variant chose them (HPT), else the SFT stream's."""
+        `chosen_sft`: this rank's SFT examples where a variant chose them, else the SFT stream's."""
         sft = None
         if self.alg.sft.enabled and (self.sft_examples or chosen_sft is not None):
             shard = self._sft_examples() if chosen_sft is None else chosen_sft
@@ -234,7 +234,7 @@ class GrpoTrainer:
             if skipped:
                 break
         if "actor/sft_entropy" in stats and "actor/rl_entropy" in stats and not skipped:  # some rank trained SFT
-            # rows and some RL rows (an HPT step can switch every question to its demonstration): every rank folds
+            # rows and some RL rows (a variant can switch every question to its demonstration): every rank folds
             red = red_update(red, stats["actor/sft_entropy"], stats["actor/rl_entropy"],
                              self.alg.red.sft_entropy_ema_decay, self.alg.red.rl_entropy_ema_decay)
         self.state.red = asdict(red)
@@ -276,7 +276,7 @@ class GrpoTrainer:
         timings["time/logprobs"] = time.time() - t0
         t0 = time.time()
         stats, skipped = self._update(batch, old_lp, accuracy, ref_lp, data.sft)
-        for v in variants:  # a variant's own optimizer step after the update (ReLIFT's)
+        for v in variants:  # a variant's own optimizer step after the update
             stats.update(v.extra_step(self, data))
         for v in variants:
             v.after_update(stats, skipped, self.state)

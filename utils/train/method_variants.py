@@ -1,12 +1,14 @@
-"""Which step variants (utils/train/variants.py) a run's config turns on: each joint method's wiring
-into the step (red_paper's expert traces, HPT's switch, SRFT's demonstrations in the groups, ReLIFT's
-buffer) and process rewards, so that the loop (utils/train/grpo_trainer.py) names no method."""
+"""Each joint method's wiring into the RL step, so that the loop (utils/train/grpo_trainer.py) and the
+update (utils/train/update.py) name no method: which step variants (utils/train/variants.py) a run's
+config turns on (red_paper's expert traces, HPT's switch, SRFT's demonstrations in the groups,
+ReLIFT's buffer, process rewards), and which method's own policy loss an RL micro-batch takes in
+place of the registered `algorithm.rl.policy_loss` (`piece_loss`)."""
 from __future__ import annotations
 
 from utils.train.hpt import DemoSwitch
-from utils.train.red_paper import ExpertTraces
+from utils.train.red_paper import ExpertPiece, ExpertTraces
 from utils.train.relift import HardBuffer
-from utils.train.srft import DemoGroups
+from utils.train.srft import DemoGroups, SrftPiece
 from utils.train.state import TrainState
 from utils.train.variants import ProcessRewards, StepVariant
 
@@ -27,6 +29,20 @@ def active_variants(alg, spec, offline: dict, prm=None, state: TrainState | None
         out.append(DemoGroups(offline, spec, alg.rl.n_samples))
     if alg.relift.enabled:
         out.append(HardBuffer(offline, alg.relift.buffer_size, alg.rl.n_samples, state or TrainState()))
-    if spec.process.source != "none":
+    if spec is not None and spec.process.source != "none":  # None: a trainer built for its update alone
         out.append(ProcessRewards(spec.process.source, alg.rl, prm))
     return out
+
+
+def piece_loss(alg, experts: bool):
+    """A method's own policy loss for the update's RL micro-batches, or None for the registered one
+    (utils/train/losses.py POLICY_LOSSES): SRFT's when its config turns it on, red_paper's when the
+    batch holds expert rows (`experts`, counted over every rank). Each has `prepare(model, batch,
+    norms, memory, world, pieces)`, called once before the pieces, and `loss(part, logp, old_lp, ent,
+    h_rl, norms, agg, paper_state, tally)` -> (loss, stats, each stat's weight), stats named as logged
+    (a name without a "/" goes under actor/)."""
+    if alg.srft.enabled:
+        return SrftPiece(alg.srft)
+    if experts:
+        return ExpertPiece(alg)
+    return None

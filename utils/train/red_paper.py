@@ -16,18 +16,11 @@ import torch
 
 from utils.reward.scorers import is_correct
 from utils.reward.spec import score_answer
-from utils.train.batch import RlBatch, cut_rows, micro_batches
+from utils.train.batch import RlBatch, cut_rows, micro_batches, offline_rows
 from utils.train.losses import Agg, aggregate, red_paper_entropy_weight, red_paper_loss
 from utils.train.policy import forward_logprobs
 from utils.train.variants import StepData, StepVariant
 from utils.train.world import World
-
-
-def offline_rows(batch: RlBatch) -> torch.Tensor:
-    """[S, 1]: 1.0 on expert rows (red_paper), else 0."""
-    if batch.offline is None:
-        return torch.zeros(len(batch.adv), 1, device=batch.mask.device)
-    return batch.offline[:, None].float()
 
 
 def _paper_weight(h_sft: float, h_rl: float, batch: RlBatch, alg, paper_state: dict) -> tuple[torch.Tensor, dict]:
@@ -76,6 +69,24 @@ def paper_entropies(model, batch: RlBatch | None, norms, memory, world: World) -
             sums += torch.stack([(ent * mask * o).sum(), (ent * mask * (1 - o)).sum()])
     sums = world.sum(sums)
     return (sums[0] / norms.expert).item(), (sums[1] / norms.rollout).item()
+
+
+class ExpertPiece:
+    """red_paper's policy loss as the update's piece loss (utils/train/method_variants.py `piece_loss`):
+    `prepare` takes the whole batch's entropies first when the batch is cut in pieces or ranks."""
+
+    def __init__(self, alg):
+        self.alg, self.paper = alg, None
+
+    def prepare(self, model, batch, norms, memory, world, pieces: int) -> None:
+        if pieces > 1 or world.size > 1:
+            self.paper = paper_entropies(model, batch, norms, memory, world)
+
+    def loss(self, part: RlBatch, logp, old_lp, ent, h_rl: float, norms, agg, paper_state: dict, tally):
+        pg, stats, weights = expert_loss(part, logp, old_lp, ent, h_rl, norms, agg, self.alg, self.paper,
+                                         paper_state, tally)
+        named = lambda d: {f"red_paper/{k}" if k == "offline_ratio_mean" else k: v for k, v in d.items()}
+        return pg, named(stats), named(weights)
 
 
 class ExpertTraces(StepVariant):

@@ -64,6 +64,20 @@ def srft_loss(part: RlBatch, logp: torch.Tensor, ent: torch.Tensor, agg, cfg) ->
     return aggregate(agg, per_token, part.mask), stats, weights
 
 
+class SrftPiece:
+    """SRFT's policy loss as the update's piece loss (utils/train/method_variants.py `piece_loss`)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def prepare(self, model, batch, norms, memory, world, pieces: int) -> None:
+        pass
+
+    def loss(self, part: RlBatch, logp, old_lp, ent, h_rl: float, norms, agg, paper_state: dict, tally):  # noqa: ARG002
+        pg, stats, weights = srft_loss(part, logp, ent, agg, self.cfg)
+        return pg, *({f"srft/{k}": v for k, v in d.items()} for d in (stats, weights))
+
+
 class DemoGroups(ExpertTraces):
     """SRFT's step variant: red_paper's expert traces in the groups (the policy loss's demonstration
     rows), and the same demonstrations as the step's SFT examples."""

@@ -3,8 +3,8 @@ backward in micro-batches, every term normalised by the whole batch on every ran
 (docs/ARCHITECTURE.md, "Training" and "Memory of the update").
 
 L_GRPO is the configured policy loss (PPO-clip, or GSPO's sequence-level ratio; utils/train/losses.py
-POLICY_LOSSES), optionally importance-weighted against the sampler (TIS), or red_paper's loss when
-the batch holds expert sequences, or SRFT's (utils/train/srft.py) for method srft; w is RED's weight (utils/train/red.py). The step around it (roll
+POLICY_LOSSES), optionally importance-weighted against the sampler (TIS), or a method's own
+(utils/train/method_variants.py `piece_loss`); w is RED's weight (utils/train/red.py). The step around it (roll
 out, score, advantages, this update, the RED state, the engine's new adapter) is the loop's,
 utils/train/grpo_trainer.py.
 
@@ -36,12 +36,11 @@ from dataclasses import dataclass
 import torch
 
 from utils.core.schema import MemoryConfig
-from utils.train.batch import RlBatch, cut_rows, micro_batches, take_rows
+from utils.train.batch import RlBatch, cut_rows, micro_batches, offline_rows, take_rows
 from utils.train.losses import POLICY_LOSSES, Agg, aggregate, k3_kl, policy_loss
+from utils.train.method_variants import piece_loss
 from utils.train.policy import forward_logprobs, policy_device, sft_terms
-from utils.train.red_paper import expert_loss, offline_rows, paper_entropies
 from utils.train.sft_weights import SFT_WEIGHTINGS
-from utils.train.srft import srft_loss
 from utils.train.world import SOLO, World
 
 
@@ -52,7 +51,7 @@ class Tally:
     entropy over all rollout tokens): the statistic is the sum of its shares. `add(key, value, weight)`
     adds a mean over `weight` items of this piece (a clip fraction over its tokens): the statistic
     is the weighted mean. `shared` values are the same on every piece and rank that sets them (RED's
-    weights, red_paper's entropies): a rank that set none (it held no SFT row, or no row at all) logs
+    weights, a method's shared state): a rank that set none (it held no SFT row, or no row at all) logs
     the others'. A statistic with a single share in one process is that share, unchanged."""
 
     def __init__(self):
@@ -90,7 +89,7 @@ class Tally:
 class Norms:
     """A batch's normalisers, counted over all its rows on every rank before any micro-batch's loss
     (0-dim tensors, each at least 1): trained tokens, trained rollout tokens (the entropy, the
-    sampler mismatch), expert tokens (red_paper), SFT target tokens, live sequences (GSPO's stats);
+    sampler mismatch), offline (demonstration) tokens, SFT target tokens, live sequences (GSPO's stats);
     `row_weight` [S]: each row's weight under a seq-mean aggregation; `experts`: whether any rank
     has an expert token."""
     tokens: torch.Tensor
@@ -148,13 +147,13 @@ class LossTerms:
     logp: torch.Tensor | None = None  # this forward's log-probs [S, T-1] at trained tokens, detached
 
 
-def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, paper, paper_state: dict, memory,
+def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, method, paper_state: dict, memory,
               tally: Tally, rl_coef: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """A micro-batch's share of c·L_GRPO − β·H_rl (+ kl_coef·KL), c the SFT weighting's coefficient of
-    the policy loss (utils/train/sft_weights.py; 1 but for CHORD), its stats added to `tally`: (share,
-    this forward's log-probs [rows, T-1]). `old_lp` None: this forward's own, detached. `paper`:
-    red_paper's (expert entropy, rollout entropy) over the whole batch, or None to take this piece's
-    (the whole batch in one piece), `paper_state` the previous step's."""
+    the policy loss (utils/train/sft_weights.py; 1 unless the weighting scales it), its stats added to `tally`: (share,
+    this forward's log-probs [rows, T-1]). `old_lp` None: this forward's own, detached. `method`: a
+    method's own policy loss (utils/train/method_variants.py `piece_loss`) or None for the registered
+    one; `paper_state` the previous step's state it may read."""
     rl = alg.rl
     logp, ent = forward_logprobs(model, part.ids, part.attn, with_entropy=True, temperature=rl.temperature,
                                  need=part.mask > 0, entropy_grad=rl.entropy_coef != 0,
@@ -165,12 +164,8 @@ def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, pap
     rollout_mask = part.mask * (1 - off) if norms.experts else part.mask
     h_rl = aggregate(Agg("token-mean", total=norms.rollout), ent, rollout_mask)
     agg = _agg(rl, part, norms, rows)
-    if alg.srft.enabled:  # SRFT's policy loss (utils/train/srft.py)
-        pg, pg_stats, weights = srft_loss(part, logp, ent, agg, alg.srft)
-        pg_stats, weights = ({f"srft/{k}": v for k, v in d.items()} for d in (pg_stats, weights))
-    elif norms.experts:  # red_paper's expert rows somewhere in the batch (utils/train/red_paper.py)
-        pg, pg_stats, weights = expert_loss(part, logp, old_lp, ent, h_rl.item(), norms, agg, alg, paper, paper_state,
-                                            tally)
+    if method is not None:  # a method's own policy loss (utils/train/method_variants.py piece_loss)
+        pg, pg_stats, weights = method.loss(part, logp, old_lp, ent, h_rl.item(), norms, agg, paper_state, tally)
     else:
         adv = part.token_adv if part.token_adv is not None else part.adv
         pg, pg_stats = policy_loss(rl.policy_loss, logp, old_lp, adv, part.mask, rl.clip_low, rl.clip_high, agg,
@@ -183,7 +178,7 @@ def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, pap
     tally.add("actor/pg_loss", pg.item())
     tally.add("actor/rl_entropy", h_rl.item())
     for k, v in pg_stats.items():
-        name = k if "/" in k else f"red_paper/{k}" if k == "offline_ratio_mean" else f"actor/{k}"
+        name = k if "/" in k else f"actor/{k}"
         tally.add(name, v, weights[k].item())
     if part.sampler_lp is not None:  # a step that asked the sampler (algorithm.rl.mismatch_every)
         mismatch = ((old_lp - part.sampler_lp).abs() * rollout_mask).sum() / norms.rollout
@@ -233,9 +228,8 @@ def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft
     one-pass gradient whatever the cut. `old_lp` [S, T-1] are the sampling policy's log-probs (None:
     each forward's own, detached, exact when the batch gets one optimizer pass); `ref_lp` the KL
     reference's (needed when kl_coef > 0); `stats["rollout/logprob_mismatch"]` is the mean |old −
-    sampler| over trained rollout tokens. A batch with expert sequences (red_paper) scales their
-    advantages by the entropy-change weight of the whole batch's entropies, with `paper_state` the
-    previous step's ({} on the first). Returns this rank's share of the loss, the stats of the whole
+    sampler| over trained rollout tokens. A method's own policy loss (utils/train/method_variants.py
+    `piece_loss`) reads `paper_state`, what it kept from the previous step ({} on the first). Returns this rank's share of the loss, the stats of the whole
     batch (every rank's) and the log-probs of this forward (None without RL rows).
 
     A data-parallel rank may hold no RL rows of the step (`batch` None), no SFT rows (`sft` None), or
@@ -247,9 +241,9 @@ def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft
     if sft is not None:
         tally.shared.update(mix.stats)
     pieces = _pieces(batch, sft, memory.micro_batch_tokens)
-    paper = None
-    if norms.experts and not alg.srft.enabled and (len(pieces) > 1 or world.size > 1):
-        paper = paper_entropies(model, batch, norms, memory, world)
+    method = piece_loss(alg, norms.experts)
+    if method is not None:
+        method.prepare(model, batch, norms, memory, world, len(pieces))
     logp_all = torch.zeros_like(batch.mask) if batch is not None else None
     total = torch.zeros((), device=policy_device(model))
     for rl_rows, sft_rows in pieces:
@@ -257,7 +251,7 @@ def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft
         if rl_rows is not None:
             whole = len(rl_rows) == len(batch.adv)
             part, o, r = (batch, old_lp, ref_lp) if whole else take_rows(batch, torch.tensor(rl_rows), old_lp, ref_lp)
-            loss, logp = _rl_piece(model, part, o, r, alg, norms, None if whole else torch.tensor(rl_rows), paper,
+            loss, logp = _rl_piece(model, part, o, r, alg, norms, None if whole else torch.tensor(rl_rows), method,
                                    paper_state or {}, memory, tally, mix.rl)
             logp_all[rl_rows, :logp.shape[1]] = logp
         if sft_rows is not None:
