@@ -151,3 +151,28 @@ def test_a_sigkilled_driver_takes_its_running_stage_down_in_order(tmp_path):
     # the stage released its hold; what remains is the dead driver's own lock, which the next driver
     # takes over as stale (tests/test_lock.py)
     assert json.loads((out / "r" / ".lock").read_text())["pid"] == driver.pid
+
+
+def test_a_spawned_child_ends_at_the_latest_its_grace_after_its_parent_is_gone(tmp_path):
+    """exit_when_orphaned: the last resort behind die_with_parent's signal (vLLM's engine core can hang
+    in the shutdown that signal starts): a child whose parent has exited ends within its grace."""
+    import time
+
+    code = ("import os, sys, time; sys.path.insert(0, sys.argv[1]); from utils.core.signals import exit_when_orphaned; "
+            "exit_when_orphaned(grace=1.0, poll=0.1); print(os.getpid(), flush=True); time.sleep(120)")
+    middle = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, "
+                               "'-c', sys.argv[1], sys.argv[2]]); time.sleep(1)", code, str(ROOT)],
+                              stdout=subprocess.PIPE, text=True)
+    child = int(middle.stdout.readline())
+    assert middle.wait(timeout=30) == 0
+    start = time.monotonic()
+
+    def gone() -> bool:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_for(gone, 30, "the orphaned child to end")
+    assert time.monotonic() - start < 30

@@ -107,6 +107,27 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
     return True
 
 
+def exit_when_orphaned(grace: float = 60.0, poll: float = 1.0) -> threading.Thread:
+    """The last resort after `die_with_parent`'s signal: a daemon thread that ends this process with
+    os._exit once its parent has been gone `grace` seconds. vLLM's engine core handles that SIGTERM
+    with a shutdown that can hang (a full suite saw one, in futex waits with its worker blocked on a
+    pipe, alive 15 minutes after its stage was SIGKILLed)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        gone = None
+        while True:
+            time.sleep(poll)
+            if os.getppid() != parent:
+                gone = gone if gone is not None else time.monotonic()
+                if time.monotonic() - gone >= grace:
+                    os._exit(TERMINATED_EXIT)
+
+    thread = threading.Thread(target=watch, daemon=True, name="orphan-watch")
+    thread.start()
+    return thread
+
+
 def stop_child(proc: subprocess.Popen, grace: float = 60.0) -> int:
     """SIGTERM `proc` (if it still runs), wait up to `grace` seconds, then SIGKILL; its exit code.
     A child already unwinding from a Ctrl-C ignores the SIGTERM (`sigterm_as_interrupt`)."""

@@ -24,10 +24,11 @@ from utils.core.manifest import MANIFEST_NAME, StageRun, read_manifest
 from utils.core.methods import BASE, CHECKPOINTS, METHODS, SFT_WARMUP
 from utils.core.schema import RunConfig
 from utils.core.signals import (DRIVER_ENV, PARENT_ENV, TERMINATED_EXIT, Terminated, die_with_parent,
-                                is_spawned_child, sigterm_as_interrupt, stop_with)
+                                exit_when_orphaned, is_spawned_child, sigterm_as_interrupt, stop_with)
 
 if is_spawned_child():  # this module runs in vLLM's engine core too (spawn re-imports the stage script):
-    die_with_parent()   # let it end with its stage, even a SIGKILLed one (utils/core/signals.py)
+    die_with_parent()   # let it end with its stage, even a SIGKILLed one (utils/core/signals.py),
+    exit_when_orphaned()  # and at the latest a minute after, should its shutdown hang
 
 # stage -> the config keys it reads (08's settings are the evaluations it finds: utils/eval/compare.py)
 CONFIG_KEYS: dict[str, tuple[str, ...]] = {
