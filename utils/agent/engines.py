@@ -224,6 +224,7 @@ class VLLMEngine:
         self._pending: dict[str, object] = {}  # vLLM request id -> the caller's key
         self._next_request = 0
         self.model_path = model_path
+        self.tied = self.merged and tied_head(model_path)  # read once: merged reloads check and quiet it
         self.fast_logprobs = True  # submit: no text for log-prob entries (vllm_compat.skip_logprob_token_text)
 
     def set_adapter(self, path: Path | None) -> None:
@@ -249,8 +250,7 @@ class VLLMEngine:
 
         release_freed_memory()  # the trainer's freed activations, before the reload allocates (utils/core/heap.py)
         weights = MergedWeights(weight_files(self.model_path), path)
-        tied = tied_head(self.model_path)
-        conflict = head_conflict(weights.factors, tied)
+        conflict = head_conflict(weights.factors, self.tied)
         if conflict:
             raise ValueError(f"{path}: adapter targets {conflict}, but {self.model_path} ties its LM head to its "
                              f"embeddings, whose merged reload would leave the head's old copy in vLLM; set "
@@ -258,7 +258,7 @@ class VLLMEngine:
         unknown = sorted(set(weights.factors) - weights.names())
         if unknown:
             raise ValueError(f"{path}: adapter targets {unknown[0]}, which {self.model_path} does not have")
-        self.llm.collective_rpc(functools.partial(_reload_in_worker, weights, tied))
+        self.llm.collective_rpc(functools.partial(_reload_in_worker, weights, self.tied))
         self.llm.reset_prefix_cache()
         release_freed_memory()
 

@@ -69,9 +69,6 @@ def build(recipe: Path, out_dir: Path, overrides: dict | None = None, device: st
     return manifest
 
 
-BASE_DIR = ROOT / "artifacts" / "tiny-arith"
-
-
 def verify_base(model_dir: Path) -> list[str]:
     """Files whose content differs from the base model's manifest (empty list: intact)."""
     manifest = read_manifest(model_dir)
@@ -90,16 +87,16 @@ def ensure_base(rebuild: bool) -> None:
     problems = ["rebuild requested"] if rebuild else None
     if problems is None:
         try:
-            problems = verify_base(BASE_DIR)
+            problems = verify_base(DEFAULT_OUT)
         except (FileNotFoundError, ValueError, KeyError) as exc:
             problems = [str(exc)]
     if not problems:
-        m = read_manifest(BASE_DIR)
-        print(f"tiny-arith: {BASE_DIR.relative_to(ROOT)} intact ({m['parameters']} parameters, "
+        m = read_manifest(DEFAULT_OUT)
+        print(f"tiny-arith: {DEFAULT_OUT.relative_to(ROOT)} intact ({m['parameters']} parameters, "
               f"held-out acc {m['metrics']['heldout_acc']:.3f})")
         return
     print(f"tiny-arith: building by its recipe ({'; '.join(problems)}); this takes several minutes")
-    m = build(DEFAULT_RECIPE, BASE_DIR)
+    m = build(DEFAULT_RECIPE, DEFAULT_OUT)
     print(f"tiny-arith: built, held-out acc {m['metrics']['heldout_acc']:.3f}")
 
 
