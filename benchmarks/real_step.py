@@ -6,8 +6,10 @@
 benchmarks/peer_trl.py's four arms (its docstring holds the setup each pair shares: the same
 prompts, samples, generation budget, loss, lr and LoRA, one planner turn), run on a real model
 config's converted base (`bash download.sh --model <name>`) and its data config's first train rows
-(`bash download.sh --dataset <name>`) instead of tiny-arith. The defaults are the real-model regime's
-step: 8 questions x 4 samples at temperature 0.7 (configs/regimes/real_cpu.yaml). Both sides use
+(`bash download.sh --dataset <name>`) instead of tiny-arith. The defaults are the step of the real-model
+regime's first settings, which docs/PERFORMANCE.md's figures measured: 8 questions x 4 samples at
+temperature 0.7 (configs/regimes/real_cpu.yaml now samples 8 at 1.0 with lr 3e-5; `--n 8` sets the count,
+the temperature and lr are peer_trl.py's). Both sides use
 the model config's memory settings: its micro-batches and activation checkpointing on ours, TRL's
 `gradient_checkpointing` set alike; vLLM's KV cache is 1 GiB in both (VLLM_CPU_KVCACHE_SPACE=1,
 which vLLM's CPU platform applies over either side's own setting: TRL's colocated engine would
