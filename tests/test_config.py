@@ -138,7 +138,7 @@ def test_a_field_above_its_maximum_fails_at_parse_time():
     key = "algorithm.srft.negative_coef"  # a wrong rollout's advantage: rewarding it would be no method
     with pytest.raises(ConfigError, match=re.escape(f"{key}: 0.5 is above its maximum 0.0")):
         load_run_config(algorithm="srft", overrides=[f"{key}=0.5"])
-    assert load_run_config(algorithm="srft_released").algorithm.srft.negative_coef == 0.0  # the maximum passes
+    assert load_run_config(algorithm="srft_clamped").algorithm.srft.negative_coef == 0.0  # the maximum passes
     assert any("negative_coef = -1.0 [<= 0.0]" in line for line in describe(RunConfig))
 
 
@@ -162,8 +162,8 @@ def test_help_config_shows_each_minimum():
     ("red", "algorithm.rl.adv_scaling=rloo", None),
     ("grpo", "algorithm.rl.policy_loss=gspo", "gspo"),
     ("gspo", "algorithm.rl.policy_loss=ppo_clip", "grpo"),
-    ("srft", "algorithm.srft.negative_coef=0", "srft_released"),
-    ("srft_released", "algorithm.srft.negative_coef=-1", "srft"),
+    ("srft", "algorithm.srft.negative_coef=0", "srft_clamped"),
+    ("srft_clamped", "algorithm.srft.negative_coef=-1", "srft"),
 ])
 def test_a_method_label_that_contradicts_its_flags_is_refused(algorithm, override, implied):
     with pytest.raises(ConfigError) as err:

@@ -124,7 +124,7 @@ def test_each_seeds_mean_at_4_in_the_peers_table_is_the_archived_one():
     seeds, table = _five_seed_table("## The joint SFT+RL peers, five seeds")
     assert seeds == [1, 2, 3, 9, 10]
     assert {"sft_warmup", "grpo", "red", "chord_mu", "chord_phi", "hpt", "relift", "joint", "srft",
-            "srft_released"} == set(table)
+            "srft_clamped"} == set(table)
     _assert_archived(seeds, table, PEERS)
 
 

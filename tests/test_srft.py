@@ -21,14 +21,14 @@ from utils.train.update import red_grpo_loss
 
 RED = RedState()
 PAPER = SrftConfig(enabled=True)  # c 0.1, a wrong rollout −1, γ 0.1
-RELEASED = SrftConfig(enabled=True, negative_coef=0.0)
+CLAMPED = SrftConfig(enabled=True, negative_coef=0.0)  # the released loss with its clamp on
 
 
 def test_a_right_rollouts_advantage_is_c_exp_h_and_a_wrong_ones_minus_one():
     got = rollout_advantages(torch.tensor([True, False, True]), torch.tensor([0.5, 1.0, 0.0]), 0.1, -1.0)
     assert got.tolist() == pytest.approx([0.1 * math.exp(0.5), -1.0, 0.1])
-    released = rollout_advantages(torch.tensor([True, False, True]), torch.tensor([0.5, 1.0, 0.0]), 0.1, 0.0)
-    assert released.tolist() == pytest.approx([0.1 * math.exp(0.5), 0.0, 0.1])
+    clamped = rollout_advantages(torch.tensor([True, False, True]), torch.tensor([0.5, 1.0, 0.0]), 0.1, 0.0)
+    assert clamped.tolist() == pytest.approx([0.1 * math.exp(0.5), 0.0, 0.1])
 
 
 def _tiny_part() -> RlBatch:
@@ -58,11 +58,11 @@ def test_the_policy_loss_by_hand():
         srft_loss(RlBatch(**{**_tiny_part().__dict__, "correct": None}), logp, ent, Agg("token-mean"), PAPER)
 
 
-def test_the_released_form_leaves_a_wrong_rollout_no_gradient_but_keeps_its_tokens_in_the_mean():
+def test_the_clamped_form_leaves_a_wrong_rollout_no_gradient_but_keeps_its_tokens_in_the_mean():
     logp = torch.log(torch.tensor([[0.5, 0.25], [0.8, 0.3], [0.9, 0.1]])).requires_grad_()
     ent = torch.tensor([[0.2, 0.4], [1.0, 5.0], [3.0, 3.0]])
-    loss, _, _ = srft_loss(_tiny_part(), logp, ent, Agg("token-mean"), RELEASED)
-    # as by hand above with row 1's term 0, still over 5 tokens (the released loss adds 0.8 there, a constant)
+    loss, _, _ = srft_loss(_tiny_part(), logp, ent, Agg("token-mean"), CLAMPED)
+    # as by hand above with row 1's term 0, still over 5 tokens (the clamped loss adds 0.8 there, a constant)
     assert loss.item() == pytest.approx((0.093565 + 0.187130 - 0.54 - 0.3) / 5, abs=1e-6)
     loss.backward()
     want = torch.tensor([[-0.134986, -0.134986], [0.0, 0.0], [-0.6 * 0.09, -0.6 * 0.25]]) / 5
@@ -97,7 +97,7 @@ def test_the_sft_term_weighs_each_sequences_tokens_by_its_detached_exp_minus_h(b
         sft_terms(model, (ids, attn, mask), token_weight="phy")
 
 
-@pytest.mark.parametrize("method", ["srft", "srft_released"])
+@pytest.mark.parametrize("method", ["srft", "srft_clamped"])
 def test_the_update_is_srfts_policy_loss_plus_alpha_times_the_weighted_sft_term_whole_or_cut(base_dir, method):
     model = random_lora(base_dir)
     alg = load_run_config(algorithm=method).algorithm
@@ -114,7 +114,7 @@ def test_the_update_is_srfts_policy_loss_plus_alpha_times_the_weighted_sft_term_
     _, g_rl = update(None)
     logp, ent = forward_logprobs(model, batch.ids, batch.attn, with_entropy=True, temperature=alg.rl.temperature,
                                  need=batch.mask > 0)
-    pg, _, _ = srft_loss(batch, logp, ent, Agg("token-mean"), PAPER if method == "srft" else RELEASED)
+    pg, _, _ = srft_loss(batch, logp, ent, Agg("token-mean"), PAPER if method == "srft" else CLAMPED)
     pg.backward()
     g_pg = _grads(model)
     nll, _ = sft_terms(model, sft, token_weight="entropy")
@@ -136,9 +136,9 @@ def test_srft_is_its_own_method_and_turns_on_its_variant():
     alg = load_run_config(algorithm="srft").algorithm
     assert alg.srft.enabled and alg.sft.weighting == "srft" and alg.sft.loss_coef == 0.5 and not alg.red_paper.offline
     assert [type(v) for v in active_variants(alg, RewardSpec(), {"q1": object()})] == [DemoGroups]
-    released = load_run_config(algorithm="srft_released").algorithm
-    assert released.srft.negative_coef == 0.0 and alg.srft.negative_coef == -1.0
-    assert [type(v) for v in active_variants(released, RewardSpec(), {"q1": object()})] == [DemoGroups]
+    clamped = load_run_config(algorithm="srft_clamped").algorithm
+    assert clamped.srft.negative_coef == 0.0 and alg.srft.negative_coef == -1.0
+    assert [type(v) for v in active_variants(clamped, RewardSpec(), {"q1": object()})] == [DemoGroups]
     with pytest.raises(ConfigError, match="srft.enabled=true"):
         load_run_config(algorithm="fixed_sft", overrides=["algorithm.srft.enabled=true"])
     with pytest.raises(ConfigError, match="srft.enabled true"):

@@ -152,9 +152,9 @@ class SrftConfig:
                                  "trained by REINFORCE with c·exp(H) when right and `negative_coef` when wrong.")
     positive_coef: float = field(0.1, "c: a right rollout's advantage is c·exp(H), H its sequence's mean entropy.",
                                  minimum=0.0)
-    negative_coef: float = field(-1.0, "A wrong rollout's advantage: −1 as the paper's equation has it (method srft); "
-                                       "0 as the released code has it (method srft_released), whose clamp leaves a "
-                                       "wrong rollout a constant loss with no gradient.", maximum=0.0)
+    negative_coef: float = field(-1.0, "A wrong rollout's advantage: −1 as the paper's equation and the released "
+                                       "script have it (method srft); 0 as the released loss's clamp gives when left "
+                                       "on (method srft_clamped): a constant loss with no gradient.", maximum=0.0)
     shape: float = field(0.1, "γ of the demonstrations' shaped ratio p / (p + γ) (LUFFY's 0.1).", minimum=1e-6)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from utils.core.io import DataError, read_records
 from utils.core.files import rel
 from utils.core.manifest import MANIFEST_NAME, read_manifest
-from utils.core.methods import CHECKPOINTS, TRAINERS
+from utils.core.methods import CHECKPOINTS, RENAMED, TRAINERS
 from utils.core.schema import RunConfig
 from utils.core.config import repo_path
 from utils.core.stages import StageError, run_dir
@@ -142,7 +142,7 @@ def load_evaluation(directory: Path, outputs: Path) -> Evaluation:
         raise DataError(preds, uncounted, "curve_n", "no sample counts (curve_n, sampled_n or sampled) where "
                         "other rows have them: every item of a sampled evaluation is counted")
     run, seed = run_label(directory.parent.parent, outputs)
-    checkpoint = str(metrics["checkpoint"])
+    checkpoint = RENAMED.get(str(metrics["checkpoint"]), str(metrics["checkpoint"]))  # an archive's old name
     method = checkpoint if checkpoint in CHECKPOINTS else directory.name
     return Evaluation(run, manifest.get("seed", seed), method, directory, metrics, scores, manifest, primary, counts)
 
@@ -191,6 +191,7 @@ def load_trainings(run_dirs: list[Path], outputs: Path) -> list[Training]:
                 manifest = read_manifest(m.parent) if (m.parent / MANIFEST_NAME).is_file() else {}
                 history = [r for _, r in _read_jsonl(m, allow_empty=True)]
                 method = manifest.get("config", {}).get("algorithm", {}).get("method") or m.parent.name
+                method = RENAMED.get(method, method)
                 out.append(Training(run, manifest.get("seed", seed), method, m.parent, history, manifest))
     return out
 

@@ -11,9 +11,11 @@ srft`): one step trains three terms on one batch, each weighted by the entropy H
   α·sg(exp(−H)) (utils/train/sft_weights.py `srft`; α = 0.5).
 - Rollouts: REINFORCE on log p with the advantage c·sg(exp(H)) when the episode's answer is right
   (c = `algorithm.srft.positive_coef`, 0.1) and `algorithm.srft.negative_coef` when it is wrong, in
-  place of the group advantage: −1 in method srft, the paper's equation; 0 in method srft_released,
-  the released code's, whose loss max(−A·log p, −A·clamp(log p, min=0.8)) is the constant 0.8 for
-  A = −1, so that a wrong rollout adds no gradient while its tokens stay in the token mean's count.
+  place of the group advantage: −1 in method srft, the paper's equation and the released SRFT
+  script's (`loss_remove_clip=True`); 0 in method srft_clamped, the released loss with its clamp on
+  (the config's default, which no released script uses): max(−A·log p, −A·clamp(log p, min=0.8)) is
+  then the constant 0.8 for A = −1, so a wrong rollout adds no gradient while its tokens stay in the
+  token mean's count.
 
 The policy loss is one token mean over the demonstration and rollout tokens (`srft_loss`), the SFT
 term its own token mean over the demonstrations, the two added. docs/METHODS.md names where this
