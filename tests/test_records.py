@@ -144,11 +144,12 @@ def test_the_real_model_run_on_gsm_symbolic_holds_the_figures_its_journal_entry_
 
 def test_the_real_model_control_holds_the_figures_its_journal_entry_quotes():
     """docs/records/real_control: issue 97's positive control on SmolLM2-135M-Instruct and the word
-    problems, R1 as chosen on val, seed 11 so far (journal 2026-12-07-real-rl.md): greedy accuracy
-    and mean@4 at T 1.0 on the 100 test items per checkpoint; more seeds join the same folder."""
+    problems, R1 as chosen on val, seeds 11 and 12 so far (journal 2026-12-07-real-rl.md): greedy
+    accuracy and mean@4 at T 1.0 on the 100 test items per checkpoint; more seeds join the same folder."""
     records = ROOT / "docs" / "records" / "real_control"
     quoted = {("base", 11): (0.0, 0.0), ("sft_warmup", 11): (0.30, 0.215), ("red", 11): (0.34, 0.2525),
-              ("grpo", 11): (0.35, 0.255)}
+              ("grpo", 11): (0.35, 0.255), ("base", 12): (0.0, 0.0), ("sft_warmup", 12): (0.35, 0.2375),
+              ("red", 12): (0.42, 0.25), ("grpo", 12): (0.43, 0.2475)}
     evals = {(e.method, e.seed): e for e in _evaluations(records)}
     assert set(evals) == set(quoted)
     for key, (greedy, mean4) in quoted.items():
@@ -157,3 +158,4 @@ def test_the_real_model_control_holds_the_figures_its_journal_entry_quotes():
         assert (m["accuracy"], m["mean@4"]) == pytest.approx((greedy, mean4), abs=5.1e-5), key
     entry = (ROOT / "docs" / "journal" / "2026-12-07-real-rl.md").read_text()
     assert "| grpo | 0.35 | 0.2550 | 0.44 |" in entry and "| sft_warmup | 0.30 | 0.2150 | 0.41 |" in entry
+    assert "| grpo | 0.43 | 0.2475 | 0.49 |" in entry and "| sft_warmup | 0.35 | 0.2375 | 0.45 |" in entry
