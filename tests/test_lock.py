@@ -11,7 +11,7 @@ import pytest
 
 from helpers import run_stage
 from utils.core.config import ROOT
-from utils.core.lock import HOLDER_ENV, RunLock, RunLocked
+from utils.core.lock import HOLDER_ENV, RunLock, RunLocked, live_holder
 
 
 def _hold(path, pid, command="09_driver.py --method red"):
@@ -42,6 +42,17 @@ def test_a_run_in_use_is_refused_naming_its_holder(tmp_path, other):
         assert not lock.path.exists()  # released
     finally:
         del os.environ[HOLDER_ENV]
+
+
+def test_live_holder_names_a_live_holder_and_nothing_else(tmp_path, other):
+    """What benchmarks/chaos_soak.py waits on: a lock held by a live process, not a dead or absent one."""
+    _hold(tmp_path / "live", other.pid)
+    assert live_holder(tmp_path / "live" / ".lock")["pid"] == other.pid
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    _hold(tmp_path / "dead", dead.pid)
+    assert live_holder(tmp_path / "dead" / ".lock") is None
+    assert live_holder(tmp_path / "none" / ".lock") is None
 
 
 def test_a_stale_lock_is_taken_over(tmp_path, capsys):

@@ -61,6 +61,12 @@ def _live(holder: dict | None) -> bool:
             and isinstance(holder.get("pid"), int) and _alive(holder["pid"]))
 
 
+def live_holder(path: Path) -> dict | None:
+    """The holder of lock file `path` if it is a live process on this host, else None."""
+    holder = _holder(path)
+    return holder if _live(holder) else None
+
+
 def _describe(path: Path, holder: dict) -> str:
     return (f"{path.parent} is in use by pid {holder['pid']} on {holder['host']} since {holder.get('started')} "
             f"({holder.get('command', '?')}); wait for it to finish, stop it, or use another --run_id")
