@@ -115,13 +115,10 @@ def exit_when_orphaned(grace: float = 60.0, poll: float = 1.0) -> threading.Thre
     parent = os.getppid()
 
     def watch() -> None:
-        gone = None
-        while True:
+        while os.getppid() == parent:  # a process is re-parented once, never back
             time.sleep(poll)
-            if os.getppid() != parent:
-                gone = gone if gone is not None else time.monotonic()
-                if time.monotonic() - gone >= grace:
-                    os._exit(TERMINATED_EXIT)
+        time.sleep(grace)
+        os._exit(TERMINATED_EXIT)
 
     thread = threading.Thread(target=watch, daemon=True, name="orphan-watch")
     thread.start()
