@@ -77,7 +77,7 @@ def main(argv=None) -> int:
             run.add_output(out / name)
         last = state.history[-1] if state.history else {}
         run.metrics.update(steps=state.step, stopped_early=state.step < cfg.warmup.steps, resumed=resumed,
-                           best_step=state.best_step,
+                           best_step=state.best_step, trained_tokens=state.tokens,
                            best_val_accuracy=state.best_metric, final_val_accuracy=last.get("accuracy"),
                            final_val_format=last.get("format"), examples=len(examples),
                            trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad))

@@ -301,7 +301,7 @@ def sft_ours(args, cfg, base: Path, work: Path) -> list[dict]:
     out = []
     for _ in range(args.steps + 1):
         t0 = time.perf_counter()
-        loss, _, _ = loop._update()
+        loss, _, _, _ = loop._update()
         out.append({"seconds": time.perf_counter() - t0, "loss": loss, "updated": sum(sum(e.mask[1:]) for e in examples),
                     "positions": padded_positions([len(e.ids) for e in examples])})
     return out

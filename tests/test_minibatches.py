@@ -85,6 +85,11 @@ def test_minibatches_take_one_optimizer_step_per_part(hf_engine, protocol_adapte
     one, one_steps = run(tmp_path / "one")
     four, four_steps = run(tmp_path / "four", "algorithm.rl.ppo_epochs=2", "algorithm.rl.ppo_minibatches=2")
     assert one_steps == {2} and four_steps == {8}
+    # the logged counts (08's compute table) are the optimizer's own, and each pass trains the whole
+    # batch: step 1 samples the same batch in both runs, so two passes count its tokens twice
+    assert sum(m["train/optimizer_steps"] for m in one) == 2 and sum(m["train/optimizer_steps"] for m in four) == 8
+    for key in ("train/tokens_rl", "train/tokens_sft"):
+        assert one[0][key] > 0 and four[0][key] == 2 * one[0][key], (key, one[0][key], four[0][key])
     assert all(m["actor/ratio_mean"] == 1.0 for m in one)
     assert all(abs(m["actor/ratio_mean"] - 1.0) > 1e-6 for m in four), [m["actor/ratio_mean"] for m in four]
     for m in four:  # the SFT term ran on each part, and RED's weight with it

@@ -142,6 +142,26 @@ def test_the_real_model_run_on_gsm_symbolic_holds_the_figures_its_journal_entry_
     assert "| sft_warmup | 0.00 | 0.0100 |" in entry and "| grpo | 0.00 | 0.0075 |" in entry
 
 
+def test_the_peers_compute_is_what_results_says_seed_by_seed():
+    """Issue 100's compute check, from the archive alone (utils/eval/compute.py): seeds 1 and 9's
+    warmups stopped early at 600 steps, so their SFT → RL arms trained 660 optimizer steps against
+    joint's 860; the other seeds' trained 860. RESULTS' peers section quotes the per-seed totals."""
+    from utils.eval.compare import load_trainings
+    from utils.eval.compute import compute
+
+    runs = [PEERS / f"seed_{s}" for s in (1, 2, 3, 9, 10)]
+    df = compute(load_trainings(runs, ROOT / "outputs"))
+    total = {(r["method"], r["seed"]): r["total steps"] for r in df.to_dict("records")}
+    quoted = {1: 660, 2: 860, 3: 860, 9: 660, 10: 860}
+    for seed, steps in quoted.items():
+        assert total[("joint", seed)] == 860
+        for arm in ("grpo", "red", "chord_mu", "chord_phi", "hpt", "srft", "srft_clamped"):
+            assert total[(arm, seed)] == steps, (arm, seed)
+        assert 1 <= total[("relift", seed)] - steps <= 4  # ReLIFT's own SFT steps
+    results = (ROOT / "docs" / "RESULTS.md").read_text()
+    assert "660 / 860 / 860 / 660 / 860" in results
+
+
 def test_the_real_model_control_holds_the_figures_its_journal_entry_quotes():
     """docs/records/real_control: issue 97's positive control on SmolLM2-135M-Instruct and the word
     problems, R1 as chosen on val, seeds 11 and 12 so far (journal 2026-12-07-real-rl.md): greedy

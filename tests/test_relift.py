@@ -95,6 +95,12 @@ def test_the_trainer_takes_an_sft_step_when_the_buffer_fills_and_keeps_it_in_its
     for m in steps:
         assert m["train/accuracy"] == 0 and m["relift/sft_loss"] > 0 and m["relift/sft_skipped"] == 0
         assert "actor/sft_loss" not in m and math.isfinite(m["actor/loss"])  # no SFT term inside the RL update
+    # the SFT step counts as an optimizer step of the RL step's, its demonstrations' tokens as SFT tokens
+    # (utils/eval/compute.py): the logged counts sum to Adam's own step counter
+    adam = {int(s["step"]) for s in trainer.opt.state_dict()["state"].values()}
+    assert adam == {sum(m["train/optimizer_steps"] for m in steps)}, adam
+    assert all(m["train/optimizer_steps"] == cfg.algorithm.rl.ppo_epochs + 1 and m["train/tokens_sft"] > 0
+               for m in steps), steps
     after = dict(trainer.model.named_parameters())
     assert any(not torch.equal(before[n], after[n]) for n in before)  # only the SFT steps had a gradient
     saved = json.loads((trainer.ckpt_dir / "step_2" / "state.json").read_text())

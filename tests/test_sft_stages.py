@@ -1,6 +1,7 @@
 """Stages 03-04: SFT traces in the rollout protocol, masked LoRA SFT, resume after a kill."""
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,11 +13,10 @@ from transformers import AutoTokenizer
 
 from helpers import FIXTURES, kill_once_logged, manifest, run_stage, sft_args
 from utils.core.config import ROOT, ConfigError
-from utils.core.schema import DataConfig
+from utils.core.schema import DataConfig, LoraConfig, TemplatesConfig, WarmupConfig
 
 def _records(out):
-    path = out / "t" / "03_generate_sft_traces" / "sft_traces.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()]
+    return [json.loads(x) for x in (out / "t" / "03_generate_sft_traces" / "sft_traces.jsonl").read_text().splitlines()]
 
 
 def test_gold_traces_follow_the_rollout_protocol(prepared, base_dir):
@@ -166,7 +166,6 @@ def test_teacher_traces_from_a_real_engine(prepared, protocol_adapter, capsys):
 def test_sft_changes_every_lora_parameter_and_no_base_weight(base_dir, tmp_path):
     """TRL-style: train briefly, then every trainable (LoRA) tensor moved and no base weight did."""
     from utils.agent.rollout import Codec
-    from utils.core.schema import LoraConfig, TemplatesConfig, WarmupConfig
     from utils.agent.traces import gold_examples
     from utils.train.policy import load_policy
     from utils.train.sft_trainer import SftLoop
@@ -228,12 +227,10 @@ def _losses(stage_out: Path) -> list[tuple[int, float]]:
 def test_killed_sft_run_resumes_without_lost_or_repeated_steps(prepared, tmp_path, monkeypatch, saves):
     """Killed once step 7 is logged, the run resumes from its last checkpoint (a multiple of 3 when it
     saves every 3 steps; any step from 6 when only the time floor saves, at 0.0001 minutes after every
-    step, never by steps before the last), and ends with the uninterrupted run's losses."""
+    step), and ends with the uninterrupted run's losses and trained-token count."""
     out, args = prepared
     assert run_stage("03_generate_sft_traces", out, *args) == 0
-    # an uninterrupted reference run in a second run id
-    import shutil
-    shutil.copytree(out / "t", out / "ref")
+    shutil.copytree(out / "t", out / "ref")  # an uninterrupted reference run in a second run id
     # the two runs compare bit for bit, so neither may take a load-dependent path: one thread, and
     # MKL's reproducible mode (without it, a loaded CI box once gave step 1 losses 6e-6 apart)
     monkeypatch.setenv("MKL_CBWR", "AUTO,STRICT")
@@ -254,6 +251,9 @@ def test_killed_sft_run_resumes_without_lost_or_repeated_steps(prepared, tmp_pat
     resumed = _losses(out / "t" / "04_sft_warmup")
     assert [s for s, _ in resumed] == list(range(1, 31))  # every step once
     assert resumed == reference  # and the same losses as the uninterrupted run
+    ref = json.loads((out / "ref" / "04_sft_warmup" / "manifest.json").read_text())  # trained tokens survive the kill
+    assert manifest(out, "04_sft_warmup")["metrics"]["trained_tokens"] == ref["metrics"]["trained_tokens"] == sum(
+        json.loads(x)["tokens"] for x in log.read_text().splitlines()) > 0
 
 
 def test_sft_skips_non_finite_steps_and_stops_after_k_in_a_row(base_dir, tmp_path, monkeypatch):
@@ -263,7 +263,6 @@ def test_sft_skips_non_finite_steps_and_stops_after_k_in_a_row(base_dir, tmp_pat
 
     import utils.train.sft_trainer as st
     from utils.agent.rollout import Codec
-    from utils.core.schema import LoraConfig, TemplatesConfig, WarmupConfig
     from utils.core.stages import StageError
     from utils.agent.traces import gold_examples
     from utils.train.policy import load_policy
@@ -366,7 +365,6 @@ def test_patience_stops_after_validations_without_a_better_one_and_a_resume_stay
     under the same lr schedule), its best adapter is the full run's (step 4) byte for byte, and a
     resumed stopped run trains no more."""
     from utils.agent.rollout import Codec
-    from utils.core.schema import LoraConfig, TemplatesConfig, WarmupConfig
     from utils.agent.traces import gold_examples
     from utils.train.policy import load_policy
     from utils.train.sft_trainer import SftLoop

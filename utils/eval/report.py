@@ -17,6 +17,7 @@ from utils.eval.compare import Evaluation, Training, config_diff, fmt
 from utils.eval import frames
 from utils.eval.frames import across_seeds, ci, evaluations, markdown, sampled, select
 from utils.eval.mechanism import mechanism_section
+from utils.eval.compute import compute_section
 from utils.eval.curves import Crossing, curve_section
 
 
@@ -34,6 +35,7 @@ def render_report(evals: list[Evaluation], trainings: list[Training], tests: lis
     lines += _paired_section(tests, resamples)
     lines += curve_section(evals, list(crossings))
     lines += _training_section(trainings)
+    lines += compute_section(trainings)
     lines += ["## Plots", ""] + [f"![{p[:-4]}](plots/{p})" for p in plots] + [""]
     lines += _config_section(evals, trainings, runs)
     lines += ["## What these numbers show and do not show", ""] + _caveats(evals, trainings, tests) + [""]

@@ -154,7 +154,8 @@ class GrpoTrainer:
         shard = self._sft_examples()
         batch = sft_batch(shard, self.pad_id, self.device) if shard else None
         local = batch[2].sum() if batch is not None else torch.zeros((), device=self.device)
-        total = self.world.sum(local.clone()).clamp(min=1)
+        trained = self.world.sum(local.clone())
+        total = trained.clamp(min=1)
         self.opt.zero_grad(set_to_none=True)
         tally = Tally()
         loss = torch.zeros((), device=self.device)
@@ -167,7 +168,8 @@ class GrpoTrainer:
         stats = {k: round(v, 6) for k, v in tally.result(self.world).items()}
         self.state.step += 1
         timings = {"time/update": time.time() - t0, "time/weight_sync": self.sync_policy()}
-        return {"step": self.state.step, **stats, "train/skipped_nonfinite": skipped, **timings}
+        return {"step": self.state.step, **stats, "train/skipped_nonfinite": skipped, "train/optimizer_steps": 1 - skipped,
+                "train/tokens_sft": 0.0 if skipped else trained.item(), **timings}
 
     def _fixed_logprobs(self, batch) -> tuple:
         """(old, reference) log-probs of the batch: the policy the sampler served and, when the KL term
@@ -209,6 +211,7 @@ class GrpoTrainer:
         parts = self.alg.rl.ppo_minibatches
         rows = minibatch_rows(batch, parts) if batch is not None and parts > 1 else None
         sfts = sft_parts(sft, parts)
+        trained = [0, 0.0, 0.0]  # optimizer steps taken, RL and SFT tokens they trained
         for _ in range(self.alg.rl.ppo_epochs):
             if not anyone:
                 break
@@ -227,12 +230,15 @@ class GrpoTrainer:
                 skipped, grad = self._finish(terms.loss)
                 if not skipped:
                     step_stats["actor/grad_norm"] = grad
+                    trained = [a + b for a, b in zip(trained, (1, step_stats["train/tokens_rl"],
+                                                               step_stats["train/tokens_sft"]))]
                 done.append(step_stats)
                 if skipped:
                     break
             stats = done[0] if len(done) == 1 else _mean_stats(done)  # each the whole batch's, every rank's
             if skipped:
                 break
+        stats.update(zip(COUNTS, trained))
         if "actor/sft_entropy" in stats and "actor/rl_entropy" in stats and not skipped:  # some rank trained SFT
             # rows and some RL rows (a variant can switch every question to its demonstration): every rank folds
             red = red_update(red, stats["actor/sft_entropy"], stats["actor/rl_entropy"],
@@ -276,8 +282,9 @@ class GrpoTrainer:
         timings["time/logprobs"] = time.time() - t0
         t0 = time.time()
         stats, skipped = self._update(batch, old_lp, accuracy, ref_lp, data.sft)
-        for v in variants:  # a variant's own optimizer step after the update
-            stats.update(v.extra_step(self, data))
+        for v in variants:  # a variant's own optimizer step after the update: its counts add to the update's
+            extra = v.extra_step(self, data)
+            stats.update({**extra, **{k: stats[k] + extra[k] for k in COUNTS if k in extra}})
         for v in variants:
             v.after_update(stats, skipped, self.state)
             stats.update(v.metrics(data, self.world))
@@ -333,6 +340,9 @@ class GrpoTrainer:
                 self.save()
         self.model.eval()
         return history
+
+
+COUNTS = ("train/optimizer_steps", "train/tokens_rl", "train/tokens_sft")  # a step's sums (08's compute table)
 
 
 def _mean_stats(steps: list[dict]) -> dict:

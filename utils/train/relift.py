@@ -73,4 +73,5 @@ def demo_step(trainer, examples: list) -> dict:
                                  with_entropy=True)
     skipped, _ = trainer._finish(loss)
     return {"relift/sft_loss": loss.item() / max(coef, 1e-12), "relift/sft_entropy": entropy.item(),
-            "relift/sft_examples": len(examples), "relift/sft_skipped": skipped}
+            "relift/sft_examples": len(examples), "relift/sft_skipped": skipped,
+            "train/optimizer_steps": 1 - skipped, "train/tokens_sft": 0.0 if skipped else batch[2].sum().item()}

@@ -47,6 +47,7 @@ class LoopState:
     best_metric: float | None = None
     best_step: int | None = None
     history: list = field(default_factory=list)  # validation results
+    tokens: int = 0  # target tokens trained so far, every step's whole batch (04's manifest `trained_tokens`)
 
     @classmethod
     def from_json(cls, d: dict) -> "LoopState":
@@ -117,15 +118,17 @@ class SftLoop:
             spent = self.world.sum(self.torch.tensor([float(spent and self.world.main)])).item() > 0
         return spent
 
-    def _update(self) -> tuple[float, float, int]:
-        """One optimizer step on the next batch: (loss, grad norm, 1 if skipped as non-finite). The loss
+    def _update(self) -> tuple[float, float, int, int]:
+        """One optimizer step on the next batch: (loss, grad norm, 1 if skipped as non-finite, the batch's
+        target tokens). The loss
         is the token-mean NLL over the whole batch's target tokens; with several ranks each trains its
         shard (its summed NLL over that count) and the gradients are summed, in micro-batches of
         `model.memory.micro_batch_tokens` either way (utils/train/update.py)."""
         torch = self.torch
         batch = self._next_batch()
         device = policy_device(self.model)
-        total = torch.tensor(float(max(sum(sum(e.mask[1:]) for e in batch), 1)), device=device)
+        targets = sum(sum(e.mask[1:]) for e in batch)
+        total = torch.tensor(float(max(targets, 1)), device=device)
         shard = self.world.shard(batch, length=lambda e: len(e.ids))
         self.opt.zero_grad(set_to_none=True)
         loss = torch.zeros((), device=device)
@@ -134,7 +137,7 @@ class SftLoop:
         fault_point("sft_step")  # the kill-anywhere test's cut (utils/core/faults.py)
         whole = self.world.sum(loss.detach().clone()).item() if self.world.size > 1 else loss.item()
         skipped, grad = finish_step(self.opt, self.model, loss, self.cfg.max_grad_norm, self.world)
-        return whole, grad, skipped
+        return whole, grad, skipped, targets
 
     def run(self, progress=None) -> LoopState:
         streak = SkipStreak(self.cfg.max_skips_in_a_row, "SFT steps", "loss or gradient", "warmup.max_skips_in_a_row")
@@ -145,12 +148,14 @@ class SftLoop:
         stopped = self._patience_spent()
         while self.state.step < self.cfg.steps and not stopped:
             t0 = time.perf_counter()
-            loss, grad, skipped = self._update()
+            loss, grad, skipped, tokens = self._update()
             self.sched.step()
             self.state.step += 1
+            self.state.tokens += 0 if skipped else tokens
             self.logger.log({"step": self.state.step, "loss": round(loss, 6), "grad_norm": round(grad, 6),
                              "lr": self.sched.get_last_lr()[0], "epoch": self.state.data.epoch,
-                             "skipped_nonfinite": skipped, "time/step": round(time.perf_counter() - t0, 4)})
+                             "skipped_nonfinite": skipped, "tokens": tokens,
+                             "time/step": round(time.perf_counter() - t0, 4)})
             streak.update(skipped, self.state.step)
             if progress is not None:
                 progress.update(1)

@@ -99,6 +99,7 @@ class Norms:
     sequences: torch.Tensor
     row_weight: torch.Tensor | None
     experts: bool
+    trained: tuple[float, float] = (0.0, 0.0)  # (RL, SFT) tokens trained, every rank's, unclamped
 
 
 def batch_norms(batch: RlBatch | None, sft_mask: torch.Tensor | None, rl, world: World = SOLO) -> Norms:
@@ -126,7 +127,8 @@ def batch_norms(batch: RlBatch | None, sft_mask: torch.Tensor | None, rl, world:
         per_episode = ep_tokens if rl.loss_agg == "seq-mean-token-mean" else torch.full_like(ep_tokens, rl.loss_horizon)
         row_weight = torch.where(seq_tokens > 0, 1 / (per_episode[inverse].clamp(min=1) * episodes),
                                  torch.zeros_like(seq_tokens))
-    return Norms(tokens, roll, expert, sft, seqs, row_weight, bool(counts[2] > 0))
+    return Norms(tokens, roll, expert, sft, seqs, row_weight, bool(counts[2] > 0),
+                 (counts[0].item(), counts[3].item()))
 
 
 def _agg(rl, batch: RlBatch, norms: Norms | None = None, rows=None) -> Agg:
@@ -237,6 +239,7 @@ def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft
     batch's stats, RED's weights included (`Tally`)."""
     norms = batch_norms(batch, sft[2] if sft is not None else None, alg.rl, world)
     tally = Tally()
+    tally.shared.update({"train/tokens_rl": norms.trained[0], "train/tokens_sft": norms.trained[1]})
     mix = SFT_WEIGHTINGS.get(alg.sft.weighting)(alg, red_state, batch_accuracy, step)
     if sft is not None:
         tally.shared.update(mix.stats)

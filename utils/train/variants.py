@@ -10,7 +10,7 @@ A step (utils/train/grpo_trainer.py `GrpoTrainer.step`) calls each active varian
 3. `extend(step, adv)`: after them, extra training sequences (`step.extra`: (Example, advantage,
    group accuracy)) and per planner turn advantage bonuses (`step.bonus`, per episode);
 4. `extra_step(trainer, step)`: an optimizer step of its own after the update (ReLIFT's SFT step
-   on its full buffer), its stats;
+   on its full buffer), its stats; its `train/optimizer_steps` and `train/tokens_sft` add to the update's;
 5. `after_update(stats, skipped, state)`: what the next step needs, kept in the checkpointed
    TrainState;
 6. `metrics(step, world)`: its logged metrics, gathered over the ranks so that every rank logs the
