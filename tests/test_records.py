@@ -164,12 +164,13 @@ def test_the_peers_compute_is_what_results_says_seed_by_seed():
 
 def test_the_real_model_control_holds_the_figures_its_journal_entry_quotes():
     """docs/records/real_control: issue 97's positive control on SmolLM2-135M-Instruct and the word
-    problems, R1 as chosen on val, seeds 11 and 12 so far (journal 2026-12-07-real-rl.md): greedy
+    problems, R1 as chosen on val, seeds 11 to 13 (journal 2026-12-07-real-rl.md): greedy
     accuracy and mean@4 at T 1.0 on the 100 test items per checkpoint; more seeds join the same folder."""
     records = ROOT / "docs" / "records" / "real_control"
     quoted = {("base", 11): (0.0, 0.0), ("sft_warmup", 11): (0.30, 0.215), ("red", 11): (0.34, 0.2525),
               ("grpo", 11): (0.35, 0.255), ("base", 12): (0.0, 0.0), ("sft_warmup", 12): (0.35, 0.2375),
-              ("red", 12): (0.42, 0.25), ("grpo", 12): (0.43, 0.2475)}
+              ("red", 12): (0.42, 0.25), ("grpo", 12): (0.43, 0.2475), ("base", 13): (0.0, 0.0),
+              ("sft_warmup", 13): (0.36, 0.2675), ("red", 13): (0.36, 0.30), ("grpo", 13): (0.38, 0.2975)}
     evals = {(e.method, e.seed): e for e in _evaluations(records)}
     assert set(evals) == set(quoted)
     for key, (greedy, mean4) in quoted.items():
@@ -179,3 +180,4 @@ def test_the_real_model_control_holds_the_figures_its_journal_entry_quotes():
     entry = (ROOT / "docs" / "journal" / "2026-12-07-real-rl.md").read_text()
     assert "| grpo | 0.35 | 0.2550 | 0.44 |" in entry and "| sft_warmup | 0.30 | 0.2150 | 0.41 |" in entry
     assert "| grpo | 0.43 | 0.2475 | 0.49 |" in entry and "| sft_warmup | 0.35 | 0.2375 | 0.45 |" in entry
+    assert "| grpo | 0.38 | 0.2975 | 0.47 | 1.00 | 13 |" in entry and "| sft_warmup | 0.36 | 0.2675 | 0.48 | 1.00 | 6 |" in entry
