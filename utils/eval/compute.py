@@ -53,11 +53,11 @@ def _logged_sum(t: Training, key: str) -> int | None:
     return int(round(sum(h[key] for h in t.history)))
 
 
-def compute(found: list[Training]) -> pd.DataFrame:
-    """One row per trained arm, in COLUMNS; a count its records lack is None."""
+def compute(found: list[Training], warmups: list[dict] | None = None) -> pd.DataFrame:
+    """One row per trained arm, in COLUMNS; a count its records lack is None. `warmups`: each arm's
+    `_warmup`, if the caller has read them."""
     rows = []
-    for t in found:
-        warmup = _warmup(t)
+    for t, warmup in zip(found, warmups or [_warmup(t) for t in found]):
         own, counted = _own_steps(t)
         before = warmup.get("steps")
         rl_tokens, sft_tokens = _logged_sum(t, "train/tokens_rl"), _logged_sum(t, "train/tokens_sft")
@@ -72,9 +72,10 @@ def compute_section(found: list[Training]) -> list[str]:
     """08's "Compute" section: the table, and which arms' warmups stopped early."""
     if not found:
         return []
-    df = compute(found)
-    early = sorted({t.run + (f" seed {t.seed}" if t.seed is not None else "") for t in found
-                    if _warmup(t).get("stopped_early")})
+    warmups = [_warmup(t) for t in found]  # each 04 manifest read once
+    df = compute(found, warmups)
+    early = sorted({t.run + (f" seed {t.seed}" if t.seed is not None else "") for t, w in zip(found, warmups)
+                    if w.get("stopped_early")})
     lines = ["## Compute", "",
              "Optimizer steps and trained tokens per arm, its warmup's included: `04 steps` is every step 04 "
              "ran, `starts at` the checkpoint the arm starts from (its best on val), `counted` whether the "
