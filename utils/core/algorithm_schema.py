@@ -1,17 +1,18 @@
 """The algorithm tier's part of the run config's schema (utils/core/schema.py holds the rest): the RL
 step, the SFT term and how it is weighted (RED, CHORD, SRFT), and the peers' settings (red_paper, HPT,
-SRFT, ReLIFT).
+SRFT, ReLIFT), then a section for each method that lives in one file (utils/core/method_files.py).
 
 A method is its config file, configs/algorithms/<name>.yaml (utils/core/methods.py): the names are
 the files' stems, not a copy.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, make_dataclass
 
 from utils.core.choices import (ADV_SCALINGS, LOSS_AGGS, OFFLINE_SHIFTS, POLICY_LOSS_NAMES, REFILLS, RL_INITS,
                                 SFT_WEIGHTINGS, TRAIN_ROLES)
 from utils.core.config import CONFIG_DIR, field
+from utils.core.method_files import METHOD_DIR, sections
 
 METHOD_NAMES = tuple(sorted(p.stem for p in (CONFIG_DIR / "algorithms").glob("*.yaml")))
 
@@ -168,7 +169,8 @@ class ReliftConfig:
 
 
 @dataclass
-class AlgorithmConfig:
+class BuiltinAlgorithmConfig:
+    """The sections every run has; `AlgorithmConfig` adds one per method file (utils/core/method_files.py)."""
     method: str = field("red", "The method's name; its flags below must agree with it.", METHOD_NAMES)
     rl: RlConfig = field(RlConfig(), "GRPO settings.")
     sft: SftConfig = field(SftConfig(), "SFT co-training settings.")
@@ -178,3 +180,14 @@ class AlgorithmConfig:
     hpt: HptConfig = field(HptConfig(), "HPT's per-question switch between SFT and RL (method hpt).")
     srft: SrftConfig = field(SrftConfig(), "SRFT's entropy-weighted single-stage SFT and RL (method srft).")
     relift: ReliftConfig = field(ReliftConfig(), "ReLIFT's buffer of failed questions and its SFT steps (method relift).")
+
+
+# A method in one file (utils/train/methods/<name>.py) adds its section algorithm.<name>, read from the
+# file's SETTINGS; each section class is bound here so that a config pickles (a Ray worker gets one).
+for _name, _cls in sections().items():
+    globals()[_cls.__name__] = _cls
+AlgorithmConfig = make_dataclass(
+    "AlgorithmConfig", [(n, c, field(c(), f"Method {n}'s settings ({METHOD_DIR}/{n}.py).")) for n, c in sections().items()],
+    bases=(BuiltinAlgorithmConfig,))
+AlgorithmConfig.__module__ = __name__
+AlgorithmConfig.__doc__ = "The algorithm tier: the built-in sections, then one section per method file."

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from utils.core.choices import POLICY_LOSS_LEVELS
 from utils.core.config import ROOT, ConfigError, apply_overrides, deep_merge, from_dict, read_yaml, tier_path
+from utils.core.method_files import wants
 from utils.core.methods import contradictions, implied_method
 from utils.core.schema import RunConfig
 
@@ -142,11 +143,13 @@ def read_regime(name: str) -> dict:
 def check_process(cfg: RunConfig) -> None:
     """Process rewards give planner tokens their own advantages: only a policy loss registered at the
     token level takes them (utils/train/losses.py POLICY_LOSSES: GSPO's ratio is per sequence), and
-    red_paper's expert sequences have no planner turns of their own; SRFT sets its own advantages."""
+    red_paper's expert sequences have no planner turns of their own (nor a method file's that trains
+    demonstration tokens, utils/core/method_files.py); SRFT sets its own advantages."""
     alg = cfg.algorithm
     if cfg.reward.process.source == "none" or not alg.rl.enabled:
         return
-    if POLICY_LOSS_LEVELS[alg.rl.policy_loss] != "token" or alg.red_paper.offline or alg.srft.enabled:
+    if POLICY_LOSS_LEVELS[alg.rl.policy_loss] != "token" or alg.red_paper.offline or alg.srft.enabled \
+            or wants(alg, "demonstration_tokens"):
         raise ConfigError(f"reward.process.source={cfg.reward.process.source} needs per-token advantages, which "
                           f"method '{alg.method}' does not take (policy_loss {alg.rl.policy_loss}, red_paper.offline "
                           f"{str(alg.red_paper.offline).lower()}, srft.enabled {str(alg.srft.enabled).lower()}); "

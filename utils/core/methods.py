@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
+from utils.core.method_files import method_files
 from utils.core.registry import Registry
 
 SFT_TRAINER = "05_train_red_grpo"  # every method with an SFT term
@@ -60,7 +61,7 @@ class Method:
         return SFT_TRAINER if self.flags["sft"] else RL_TRAINER
 
 
-METHODS: Registry[Method] = Registry("method", {m.name: m for m in (
+METHODS: Registry[Method] = Registry("method", {**{m.name: m for m in (
     Method("red", "GRPO + SFT term weighted by RED (G > 1)"),
     Method("grpo", "GRPO, no SFT term"),
     Method("fixed_sft", "GRPO + constant-weight SFT term (G = 1)"),
@@ -83,7 +84,8 @@ METHODS: Registry[Method] = Registry("method", {m.name: m for m in (
                    "REINFORCE, 0.1·exp(H) when right, −1 when wrong", in_study=False),
     Method("srft_clamped", "SRFT with the released loss's clamp on (no released script runs it): srft, but a wrong "
                            "rollout adds no gradient (its advantage 0, its tokens still in the mean)", in_study=False),
-)})
+)}, **{mf.name: Method(mf.name, mf.method["summary"], tuple(mf.method["needs"]), mf.method["in_study"])
+      for mf in method_files()}})  # then each method that lives in one file (utils/core/method_files.py)
 # Methods renamed after runs were archived under the old name: 08 reads an archived evaluation or
 # trainer by its new name (utils/eval/compare.py). srft_released was called the released form, but
 # the released SRFT script turns the clamp off (docs/METHODS.md, SRFT's departures).
@@ -102,7 +104,8 @@ def defining_flags(alg) -> dict:
     rl and sft on or off, how the SFT term is weighted (RED or CHORD) where RL has one, RED weighting
     on (G > 1) or off (G = 1), CHORD's φ, the matched weight, the policy loss, red_paper's offline
     traces, HPT's switch, SRFT and whether it trains wrong rollouts, ReLIFT's buffer, where RL starts
-    (the warmup or the base), and RLOO's advantage."""
+    (the warmup or the base), RLOO's advantage, and each method file's `enabled`
+    (utils/core/method_files.py)."""
     both = alg.rl.enabled and alg.sft.enabled
     weighting = alg.sft.weighting if both else None
     return {"rl": ("algorithm.rl.enabled", alg.rl.enabled), "sft": ("algorithm.sft.enabled", alg.sft.enabled),
@@ -117,7 +120,8 @@ def defining_flags(alg) -> dict:
             "matched": ("algorithm.sft.match_red", alg.sft.match_red),
             "policy_loss": ("algorithm.rl.policy_loss", alg.rl.policy_loss),
             "offline": ("algorithm.red_paper.offline", alg.red_paper.offline),
-            "loo": ("algorithm.rl.adv_scaling", alg.rl.adv_scaling == "rloo")}
+            "loo": ("algorithm.rl.adv_scaling", alg.rl.adv_scaling == "rloo"),
+            **{mf.name: (f"algorithm.{mf.name}.enabled", getattr(alg, mf.name).enabled) for mf in method_files()}}
 
 
 @cache
@@ -167,7 +171,8 @@ def contradictions_with(alg, m: Method) -> list[str]:
             out.append(f"{key}={value} (method '{m.name}' has {want})")
         elif value != want:
             out.append(f"{key}={_shown(value)} (method '{m.name}' has it {_shown(want)})")
-    if (m.flags["offline"] or m.flags["srft"]) and alg.rl.tis_cap > 0:
+    own = next((mf for mf in method_files() if mf.name == m.name), None)  # a method in one file
+    if (m.flags["offline"] or m.flags["srft"] or (own and own.method["demonstration_tokens"])) and alg.rl.tis_cap > 0:
         out.append(f"algorithm.rl.tis_cap={alg.rl.tis_cap} (method '{m.name}' trains expert tokens, which have no "
                    f"sampler probabilities to weight; set it to 0)")
     return out

@@ -20,6 +20,7 @@ from utils.core.cli import parse_stage_args
 from utils.core.config import to_dict
 from utils.core.io import read_jsonl
 from utils.core.manifest import StageRun
+from utils.core.method_files import wants
 from utils.core.methods import METHODS, trained_by
 from utils.core.models import load_tokenizer
 from utils.core.stages import StageError, model_dir, output_path, parent, stage_config, stage_dir
@@ -104,7 +105,7 @@ def build_trainer(cfg, adapter: Path | None, traces: Path, train_path: Path, spe
     rollout = Rollout(engine, Codec(tok, cfg.model.templates), RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature),
                       run_retriever(cfg))
     alg = cfg.algorithm
-    demos = alg.red_paper.offline or alg.hpt.enabled or alg.srft.enabled or alg.relift.enabled
+    demos = alg.red_paper.offline or alg.hpt.enabled or alg.srft.enabled or alg.relift.enabled or wants(alg, "demonstrations")
     offline = read_offline_samples(traces) if demos else {}
     spec = read_spec(spec_path)
     trainer = GrpoTrainer(cfg, model, engine, rollout, spec, questions, read_trace_examples(traces),
