@@ -1,4 +1,4 @@
-"""HPT's switch (utils/train/hpt.py): per question, its demonstration by SFT when at most `gate` rollouts
+"""HPT's switch (utils/train/methods/hpt.py): per question, its demonstration by SFT when at most `gate` rollouts
 are right, GRPO otherwise; checked on a hand-made step and on two steps of the real trainer."""
 import math
 
@@ -11,7 +11,7 @@ from utils.core.config import ConfigError
 from utils.core.loader import load_run_config
 from utils.reward.spec import RewardSpec
 from utils.train.method_variants import active_variants
-from utils.train.hpt import DemoSwitch
+from utils.train.methods.hpt import DemoSwitch
 from utils.train.variants import StepData
 
 

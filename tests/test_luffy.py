@@ -117,10 +117,16 @@ def test_luffy_is_a_method_from_its_file_and_config_alone():
         load_run_config(algorithm="luffy", overrides=["reward.process.source=verifier"])
     with pytest.raises(ConfigError, match="below its minimum"):
         _alg("algorithm.luffy.shape=0")
-    # the method is its file, its config and this test: nothing else in the code names it
-    naming = {str(p.relative_to(ROOT)) for p in [*(ROOT / "utils").rglob("*.py"), *ROOT.glob("[0-9]*.py")]
-              if re.search(r"\bluffy\b", p.read_text())}
-    assert naming == {"utils/train/methods/luffy.py"}
+
+
+@pytest.mark.parametrize("mf", method_files(), ids=lambda mf: mf.name)
+def test_a_method_file_is_the_only_code_that_names_its_method(mf):
+    """A method in one file is its file, its config and its test: no other library module or numbered
+    script names it (HPT and LUFFY today)."""
+    code = [*(ROOT / "utils").rglob("*.py"), *ROOT.glob("[0-9]*.py")]
+    naming = {str(p.relative_to(ROOT)) for p in code if re.search(rf"\b{mf.name}\b", p.read_text())}
+    assert naming == {mf.path}
+    assert {f.name for f in method_files()} >= {"hpt", "luffy"}
 
 
 def _write(root, text: str):

@@ -1,5 +1,5 @@
 """The algorithm tier's part of the run config's schema (utils/core/schema.py holds the rest): the RL
-step, the SFT term and how it is weighted (RED, CHORD, SRFT), and the peers' settings (red_paper, HPT,
+step, the SFT term and how it is weighted (RED, CHORD, SRFT), and the peers' settings (red_paper,
 SRFT, ReLIFT), then a section for each method that lives in one file (utils/core/method_files.py).
 
 A method is its config file, configs/algorithms/<name>.yaml (utils/core/methods.py): the names are
@@ -138,15 +138,6 @@ class RedPaperConfig:
 
 
 @dataclass
-class HptConfig:
-    enabled: bool = field(False, "HPT's switch (method hpt, utils/train/hpt.py): a question whose rollouts hold at most "
-                                 "`gate` fully correct answers and that has a demonstration (03's trace) trains that "
-                                 "demonstration with the SFT loss instead of its rollouts; the others train GRPO.")
-    gate: int = field(0, "The most correct rollouts a question may have and still switch to its demonstration.",
-                      minimum=0)
-
-
-@dataclass
 class SrftConfig:
     enabled: bool = field(False, "SRFT (method srft, utils/train/srft.py): demonstrations inside the groups with LUFFY's "
                                  "shaped ratio, the same demonstrations' SFT term weighted by exp(−H), and rollouts "
@@ -177,7 +168,6 @@ class BuiltinAlgorithmConfig:
     red: RedConfig = field(RedConfig(), "RED weighting settings.")
     red_paper: RedPaperConfig = field(RedPaperConfig(), "RED as its paper's code has it (method red_paper).")
     chord: ChordConfig = field(ChordConfig(), "CHORD's μ schedule and φ (algorithm.sft.weighting chord).")
-    hpt: HptConfig = field(HptConfig(), "HPT's per-question switch between SFT and RL (method hpt).")
     srft: SrftConfig = field(SrftConfig(), "SRFT's entropy-weighted single-stage SFT and RL (method srft).")
     relift: ReliftConfig = field(ReliftConfig(), "ReLIFT's buffer of failed questions and its SFT steps (method relift).")
 

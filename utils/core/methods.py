@@ -75,7 +75,6 @@ METHODS: Registry[Method] = Registry("method", {**{m.name: m for m in (
     Method("chord_mu", "CHORD-μ: (1 − μ)·GRPO + μ·SFT, μ decaying on a cosine from 0.9 to 0.05", in_study=False),
     Method("chord_phi", "CHORD-φ: (1 − μ)·GRPO + μ·SFT at μ = 0.1, each SFT token weighted by p·(1 − p)",
            in_study=False),
-    Method("hpt", "HPT: per question, SFT on its demonstration when no rollout is right, else GRPO", in_study=False),
     Method("relift", "ReLIFT: GRPO; questions no rollout solves wait in a buffer, and when it is full their "
                      "demonstrations take an SFT step of their own", in_study=False),
     Method("joint", "RED co-training from the base model, no warmup: SFT and RL together from the first step, at "
@@ -103,7 +102,7 @@ def defining_flags(alg) -> dict:
     """The settings of an AlgorithmConfig that say which method it is, as (setting, value) by flag:
     rl and sft on or off, how the SFT term is weighted (RED or CHORD) where RL has one, RED weighting
     on (G > 1) or off (G = 1), CHORD's φ, the matched weight, the policy loss, red_paper's offline
-    traces, HPT's switch, SRFT and whether it trains wrong rollouts, ReLIFT's buffer, where RL starts
+    traces, SRFT and whether it trains wrong rollouts, ReLIFT's buffer, where RL starts
     (the warmup or the base), RLOO's advantage, and each method file's `enabled`
     (utils/core/method_files.py)."""
     both = alg.rl.enabled and alg.sft.enabled
@@ -112,7 +111,6 @@ def defining_flags(alg) -> dict:
             "weighting": ("algorithm.sft.weighting", weighting),
             "dynamic": ("algorithm.red.G", alg.red.G > 1 if weighting == "red" else None),
             "phi": ("algorithm.chord.phi", alg.chord.phi if weighting == "chord" else None),
-            "switch": ("algorithm.hpt.enabled", alg.hpt.enabled),
             "srft": ("algorithm.srft.enabled", alg.srft.enabled),
             "srft_wrong": ("algorithm.srft.negative_coef", alg.srft.negative_coef < 0 if alg.srft.enabled else None),
             "buffer": ("algorithm.relift.enabled", alg.relift.enabled),

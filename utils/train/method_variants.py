@@ -1,6 +1,6 @@
 """Each joint method's wiring into the RL step, so that the loop (utils/train/grpo_trainer.py) and the
 update (utils/train/update.py) name no method: which step variants (utils/train/variants.py) a run's
-config turns on (red_paper's expert traces, HPT's switch, SRFT's demonstrations in the groups,
+config turns on (red_paper's expert traces, SRFT's demonstrations in the groups,
 ReLIFT's buffer, process rewards), and which method's own policy loss an RL micro-batch takes in
 place of the registered `algorithm.rl.policy_loss` (`piece_loss`). A method that lives in one file
 (utils/train/methods/<name>.py, utils/core/method_files.py) brings both through its own `variants`
@@ -10,7 +10,6 @@ from __future__ import annotations
 from importlib import import_module
 
 from utils.core.method_files import METHOD_DIR, enabled
-from utils.train.hpt import DemoSwitch
 from utils.train.red_paper import ExpertPiece, ExpertTraces
 from utils.train.relift import HardBuffer
 from utils.train.srft import DemoGroups, SrftPiece
@@ -20,8 +19,7 @@ from utils.train.variants import ProcessRewards, StepVariant
 
 def active_variants(alg, spec, offline: dict, prm=None, state: TrainState | None = None) -> list[StepVariant]:
     """The variants a run's config turns on, in hook order: expert traces (algorithm.red_paper.offline,
-    with the traces `offline` read; utils/train/red_paper.py), HPT's switch to demonstrations
-    (algorithm.hpt.enabled, the same traces; utils/train/hpt.py), SRFT's demonstrations in the groups
+    with the traces `offline` read; utils/train/red_paper.py), SRFT's demonstrations in the groups
     (algorithm.srft.enabled; utils/train/srft.py), ReLIFT's buffer of failed questions (algorithm.relift,
     kept in `state`; utils/train/relift.py), each method file's that the config turns on (its
     `variants(alg, spec, offline, state)`), then process rewards (reward.process.source;
@@ -29,8 +27,6 @@ def active_variants(alg, spec, offline: dict, prm=None, state: TrainState | None
     out: list[StepVariant] = []
     if alg.red_paper.offline and offline:
         out.append(ExpertTraces(offline, spec, alg.rl.n_samples))
-    if alg.hpt.enabled:
-        out.append(DemoSwitch(offline, alg.hpt.gate, alg.rl.n_samples))
     if alg.srft.enabled and offline:
         out.append(DemoGroups(offline, spec, alg.rl.n_samples))
     if alg.relift.enabled:

@@ -16,6 +16,16 @@ from __future__ import annotations
 from utils.reward.scorers import is_correct
 from utils.train.variants import StepData, StepVariant
 
+SETTINGS = {  # algorithm.hpt, read by the config's schema from this text (utils/core/method_files.py)
+    "enabled": (False, "HPT's switch (method hpt, utils/train/methods/hpt.py): a question whose rollouts hold at "
+                       "most `gate` fully correct answers and that has a demonstration (03's trace) trains that "
+                       "demonstration with the SFT loss instead of its rollouts; the others train GRPO."),
+    "gate": (0, "The most correct rollouts a question may have and still switch to its demonstration.",
+             {"minimum": 0}),
+}
+METHOD = {"summary": "HPT: per question, SFT on its demonstration when no rollout is right, else GRPO",
+          "demonstrations": True}
+
 
 class DemoSwitch(StepVariant):
     """The step variant: `samples` maps a question id to its demonstration (an OfflineSample)."""
@@ -45,3 +55,8 @@ class DemoSwitch(StepVariant):
     def metrics(self, step: StepData, world) -> dict:
         switched = world.concat([step.notes["hpt"]])  # every rank's count
         return {"hpt/switched_groups": sum(switched)}
+
+
+def variants(alg, spec, offline: dict, state) -> list:  # noqa: ARG001 - the switch keeps no state
+    """The step variants of an HPT run: the switch, over 03's demonstrations."""
+    return [DemoSwitch(offline, alg.hpt.gate, alg.rl.n_samples)]
