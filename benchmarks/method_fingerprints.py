@@ -84,8 +84,9 @@ def fingerprint(name: str, model, rl: RlBatch, sft) -> dict:
     alg = load_run_config(algorithm=name).algorithm
     red = RedState(ema_sft=0.85, ema_rl=1.05, prev_ema_sft=0.9, prev_ema_rl=1.1, steps=2)
     model.zero_grad(set_to_none=True)
+    state = {"h_sft": 0.8, "h_rl": 1.2}  # what red_paper's loss reads from the previous step (positional: renamed)
     terms = red_grpo_loss(model, rl if alg.rl.enabled else None, rl.sampler_lp if alg.rl.enabled else None,
-                          sft if alg.sft.enabled else None, alg, red, 0.4, paper_state={"h_sft": 0.8, "h_rl": 1.2},
+                          sft if alg.sft.enabled else None, alg, red, 0.4, None, state,
                           memory=MemoryConfig(micro_batch_tokens=0), step=3)
     grads = hashlib.sha256()
     for n, p in sorted(model.named_parameters()):

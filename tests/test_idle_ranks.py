@@ -72,7 +72,7 @@ def run_steps(world, case: str, scenario: str, base_dir, out_dir) -> dict:
             ExpertTraces({}, None, 2).after_update(stats, skipped, trainer.state)
         history.append(stats)
     weights = {n: (p.detach() - start[n]).tolist() for n, p in model.named_parameters() if p.requires_grad}
-    return {"stats": history, "red": trainer.state.red, "red_paper": trainer.state.red_paper, "weights": weights}
+    return {"stats": history, "red": trainer.state.red, "red_paper": trainer.state.piece_state, "weights": weights}
 
 
 RANK_SCRIPT = r"""

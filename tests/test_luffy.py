@@ -119,6 +119,15 @@ def test_luffy_is_a_method_from_its_file_and_config_alone():
         _alg("algorithm.luffy.shape=0")
 
 
+def test_the_loop_and_the_update_name_no_method():
+    """The loop and the update reach every method through method_variants.py: none of the registry's
+    names is in them (red, grpo and sft name the terms of L itself, which every method has)."""
+    for path in ("utils/train/grpo_trainer.py", "utils/train/update.py"):
+        text = (ROOT / path).read_text()
+        named = [m for m in METHODS if m not in ("red", "grpo", "sft") and re.search(rf"\b{m}\b", text)]
+        assert not named, f"{path} names {named}"
+
+
 @pytest.mark.parametrize("mf", method_files(), ids=lambda mf: mf.name)
 def test_a_method_file_is_the_only_code_that_names_its_method(mf):
     """A method in one file is its file, its config and its test: no other library module or numbered

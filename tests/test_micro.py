@@ -172,19 +172,19 @@ def _alg(case: str):
     return load_run_config(algorithm=method, overrides=overrides).algorithm
 
 
-def _paper_state(model, batch, old, alg) -> dict:
+def _piece_state(model, batch, old, alg) -> dict:
     """red_paper's previous-step entropies, chosen so that this step's entropy weight is above 1 (its
     expert rows' entropy moved more than the rollouts')."""
-    terms, _ = _update(model, batch, old, None, None, alg, 0, paper_state={})
+    terms, _ = _update(model, batch, old, None, None, alg, 0, piece_state={})
     return {"h_sft": terms.stats["red_paper/h_sft"] * 1.5, "h_rl": terms.stats["red_paper/h_rl"] * 1.01}
 
 
-def _update(model, batch, old, ref, sft, alg, budget, world=None, paper_state=None):
+def _update(model, batch, old, ref, sft, alg, budget, world=None, piece_state=None):
     from utils.train.world import SOLO
 
     model.zero_grad(set_to_none=True)
     red = RedState(ema_sft=1.0, ema_rl=2.0, prev_ema_sft=1.1, prev_ema_rl=2.05, steps=2)  # w_entropy > 1
-    terms = red_grpo_loss(model, batch, old, sft, alg, red, 0.4, ref, paper_state or {"h_sft": 2.0, "h_rl": 2.5},
+    terms = red_grpo_loss(model, batch, old, sft, alg, red, 0.4, ref, piece_state or {"h_sft": 2.0, "h_rl": 2.5},
                           world or SOLO, MemoryConfig(micro_batch_tokens=budget, logits_chunk_mib=0.004))
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return terms, grads
@@ -211,9 +211,9 @@ def test_micro_batched_gradients_and_metrics_equal_the_one_pass_ones(case, budge
     old = batch.sampler_lp + 0.05 * torch.randn(batch.mask.shape, generator=g)  # ratios off 1: clipping acts
     ref = batch.sampler_lp + 0.1 * torch.randn(batch.mask.shape, generator=g)
     sft = _sft()
-    state = _paper_state(model, batch, old, alg) if case == "red_paper" else None
-    one, g_one = _update(model, batch, old, ref, sft, alg, 0, paper_state=state)
-    many, g_many = _update(model, batch, old, ref, sft, alg, budget, paper_state=state)
+    state = _piece_state(model, batch, old, alg) if case == "red_paper" else None
+    one, g_one = _update(model, batch, old, ref, sft, alg, 0, piece_state=state)
+    many, g_many = _update(model, batch, old, ref, sft, alg, budget, piece_state=state)
     assert len(g_one) > 0 and any(v.abs().max() > 0 for v in g_one.values())
     _close(g_many, g_one, f"{case} gradients")
     _close(many.stats, one.stats, f"{case} metrics")
@@ -276,7 +276,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 sys.path[:0] = [sys.argv[4], sys.argv[4] + "/tests"]
-from test_micro import _alg, _paper_state, _rl_batch, _sft, _update
+from test_micro import _alg, _piece_state, _rl_batch, _sft, _update
 from helpers import random_lora
 from utils.train.batch import take_rows
 from utils.train.world import World
@@ -288,7 +288,7 @@ model = random_lora(sys.argv[5])
 model.train()
 alg = _alg(case)
 batch = _rl_batch(offline=case == "red_paper")
-state = _paper_state(model, batch, batch.sampler_lp * 1.01, alg) if case == "red_paper" else None
+state = _piece_state(model, batch, batch.sampler_lp * 1.01, alg) if case == "red_paper" else None
 rows = torch.tensor([0, 1, 2]) if rank == 0 else torch.arange(3, 9)  # episodes 0 | 1-5: unequal tokens
 part, old, _ = take_rows(batch, rows, batch.sampler_lp * 1.01, None)
 ids, attn, mask = _sft()
@@ -318,8 +318,8 @@ def test_two_ranks_with_unequal_tokens_take_the_one_process_step(case, base_dir,
     model.train()
     alg = _alg(case)
     batch = _rl_batch(offline=case == "red_paper")
-    state = _paper_state(model, batch, batch.sampler_lp * 1.01, alg) if case == "red_paper" else None
-    one, g_one = _update(model, batch, batch.sampler_lp * 1.01, None, _sft(), alg, 0, paper_state=state)
+    state = _piece_state(model, batch, batch.sampler_lp * 1.01, alg) if case == "red_paper" else None
+    one, g_one = _update(model, batch, batch.sampler_lp * 1.01, None, _sft(), alg, 0, piece_state=state)
     for r in ranks:
         _close({k: torch.tensor(v) for k, v in r["grads"].items()}, g_one, f"{case} gradients")
         _close(r["stats"], one.stats, f"{case} metrics")

@@ -173,7 +173,7 @@ def test_the_trainer_puts_experts_in_their_groups(hf_engine, protocol_adapter, t
     want = red_paper_entropy_weight(second["red_paper/h_sft"], second["red_paper/h_rl"], first["red_paper/h_sft"],
                                     first["red_paper/h_rl"], 7.0)
     assert second["red_paper/entropy_weight"] == pytest.approx(want, rel=1e-5)
-    assert trainer.state.red_paper == pytest.approx({"h_sft": second["red_paper/h_sft"],
+    assert trainer.state.piece_state == pytest.approx({"h_sft": second["red_paper/h_sft"],
                                                      "h_rl": second["red_paper/h_rl"]}, rel=1e-5)  # for the resume
     assert "actor/sft_loss" not in second and "actor/kl" not in second
     after = dict(trainer.model.named_parameters())
@@ -199,3 +199,17 @@ def test_a_config_turns_on_exactly_its_trainer_variants():
     data = StepData([{"id": "q2"}], [], [{"answer": 0.0}] * 4, [0.0] * 4)
     experts.regroup(data)
     assert data.rewards == [0.0] * 4 and data.replaced == set() and experts.answers({"id": "q2"}, [1.0, 0.0]) == [1.0, 0.0]
+
+
+def test_a_checkpoint_from_before_the_rename_resumes_with_its_entropies():
+    """TrainState.piece_state was `red_paper` in checkpoints written before 2026-12-07's seam: such a
+    state still resumes with red_paper's entropies, and a new one round-trips under the new name."""
+    from dataclasses import asdict
+
+    from utils.train.state import TrainState
+
+    old = {**asdict(TrainState(step=4)), "red_paper": {"h_sft": 0.5, "h_rl": 0.7}}
+    del old["piece_state"]
+    assert TrainState.from_json(old).piece_state == {"h_sft": 0.5, "h_rl": 0.7}
+    new = TrainState(step=4, piece_state={"h_sft": 0.1, "h_rl": 0.2})
+    assert TrainState.from_json(asdict(new)) == new

@@ -223,7 +223,7 @@ class GrpoTrainer:
                 else:
                     part = (batch, old_lp, ref_lp) if rows is None else take_rows(batch, rows[k], old_lp, ref_lp)
                 terms = red_grpo_loss(self.model, *part[:2], sfts[k], self.alg, red, accuracy, part[2],
-                                      self.state.red_paper, self.world, self.cfg.model.memory, self.state.step)
+                                      self.state.piece_state, self.world, self.cfg.model.memory, self.state.step)
                 if old_lp is None and terms.logp is not None:
                     old_lp = terms.logp
                 step_stats = terms.stats

@@ -44,7 +44,7 @@ def piece_loss(alg, experts: bool):
     `piece(alg, experts)` returns one, SRFT's when its config turns it on, red_paper's when the
     batch holds expert rows (`experts`, counted over every rank). Each has `prepare(model, batch,
     norms, memory, world, pieces)`, called once before the pieces, and `loss(part, logp, old_lp, ent,
-    h_rl, norms, agg, paper_state, tally)` -> (loss, stats, each stat's weight), stats named as logged
+    h_rl, norms, agg, piece_state, tally)` -> (loss, stats, each stat's weight), stats named as logged
     (a name without a "/" goes under actor/)."""
     for mf in enabled(alg):
         piece = getattr(_module(mf.name), "piece", lambda *a: None)(alg, experts)

@@ -5,7 +5,7 @@ weight) are in utils/train/losses.py; its rows are marked in the RL batch (utils
 
 - `ExpertTraces`, the step variant: a question with an expert trace (03's) has it in place of its
   group's last rollout, scored like one, and the next step's entropies are kept in the trainer's
-  checkpointed state (`TrainState.red_paper`).
+  checkpointed state (`TrainState.piece_state`).
 - `expert_loss`: the loss of a micro-batch with expert rows, their advantages scaled by the
   entropy-change weight; `paper_entropies`: the whole batch's expert and rollout entropies, which
   every micro-batch's weight needs (a no-grad pass, summed over ranks).
@@ -23,20 +23,20 @@ from utils.train.variants import StepData, StepVariant
 from utils.train.world import World
 
 
-def _paper_weight(h_sft: float, h_rl: float, batch: RlBatch, alg, paper_state: dict) -> tuple[torch.Tensor, dict]:
+def _paper_weight(h_sft: float, h_rl: float, batch: RlBatch, alg, piece_state: dict) -> tuple[torch.Tensor, dict]:
     """red_paper's advantages [S], the expert rows' scaled by the entropy-change weight of this step's
     expert and rollout entropies (over the whole batch), and the stats the next step reads."""
-    w = red_paper_entropy_weight(h_sft, h_rl, paper_state.get("h_sft"), paper_state.get("h_rl"),
+    w = red_paper_entropy_weight(h_sft, h_rl, piece_state.get("h_sft"), piece_state.get("h_rl"),
                                  alg.red_paper.entropy_weight_max)
     return torch.where(batch.offline, batch.adv * w, batch.adv), {"entropy_weight": w, "h_sft": h_sft, "h_rl": h_rl}
 
 
-def expert_loss(part: RlBatch, logp, old_lp, ent, h_rl: float, norms, agg, alg, paper, paper_state: dict,
+def expert_loss(part: RlBatch, logp, old_lp, ent, h_rl: float, norms, agg, alg, paper, piece_state: dict,
                 tally) -> tuple[torch.Tensor, dict, dict]:
     """red_paper's policy loss on a micro-batch `part` that holds expert rows: (loss, its stats, the
     weight of each stat over this piece). The expert rows' advantages are scaled by the entropy-change
     weight of the whole batch's expert and rollout entropies (`paper`, from `paper_entropies`; None:
-    this piece's own, its expert tokens' and `h_rl`, when it is the whole batch), against `paper_state`,
+    this piece's own, its expert tokens' and `h_rl`, when it is the whole batch), against `piece_state`,
     the previous step's; that weight and the entropies go to `tally.shared` for the next step
     (`ExpertTraces.after_update`)."""
     off = offline_rows(part)
@@ -44,7 +44,7 @@ def expert_loss(part: RlBatch, logp, old_lp, ent, h_rl: float, norms, agg, alg, 
     if paper is None:
         with torch.no_grad():
             paper = aggregate(Agg("token-mean", total=norms.expert), ent, part.mask * off).item(), h_rl
-    adv, paper_stats = _paper_weight(*paper, part, alg, paper_state)
+    adv, paper_stats = _paper_weight(*paper, part, alg, piece_state)
     tally.shared.update({f"red_paper/{k}": v for k, v in paper_stats.items()})
     rl = alg.rl
     pg, stats = red_paper_loss(logp, old_lp, adv, part.mask, part.offline, part.accuracy, rl.clip_low, rl.clip_high,
@@ -82,9 +82,9 @@ class ExpertPiece:
         if pieces > 1 or world.size > 1:
             self.paper = paper_entropies(model, batch, norms, memory, world)
 
-    def loss(self, part: RlBatch, logp, old_lp, ent, h_rl: float, norms, agg, paper_state: dict, tally):
+    def loss(self, part: RlBatch, logp, old_lp, ent, h_rl: float, norms, agg, piece_state: dict, tally):
         pg, stats, weights = expert_loss(part, logp, old_lp, ent, h_rl, norms, agg, self.alg, self.paper,
-                                         paper_state, tally)
+                                         piece_state, tally)
         named = lambda d: {f"red_paper/{k}" if k == "offline_ratio_mean" else k: v for k, v in d.items()}
         return pg, named(stats), named(weights)
 
@@ -127,7 +127,7 @@ class ExpertTraces(StepVariant):
 
     def after_update(self, stats: dict, skipped: int, state) -> None:
         if "red_paper/h_sft" in stats and not skipped:
-            state.red_paper = {"h_sft": stats["red_paper/h_sft"], "h_rl": stats["red_paper/h_rl"]}
+            state.piece_state = {"h_sft": stats["red_paper/h_sft"], "h_rl": stats["red_paper/h_rl"]}
 
     def metrics(self, step: StepData, world) -> dict:
         accuracy = world.concat([a for _, _, a in step.notes["experts"]])

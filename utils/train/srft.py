@@ -75,7 +75,7 @@ class SrftPiece:
     def prepare(self, model, batch, norms, memory, world, pieces: int) -> None:
         pass
 
-    def loss(self, part: RlBatch, logp, old_lp, ent, h_rl: float, norms, agg, paper_state: dict, tally):  # noqa: ARG002
+    def loss(self, part: RlBatch, logp, old_lp, ent, h_rl: float, norms, agg, piece_state: dict, tally):  # noqa: ARG002
         pg, stats, weights = srft_loss(part, logp, ent, agg, self.cfg)
         return pg, *({f"srft/{k}": v for k, v in d.items()} for d in (stats, weights))
 

@@ -149,13 +149,13 @@ class LossTerms:
     logp: torch.Tensor | None = None  # this forward's log-probs [S, T-1] at trained tokens, detached
 
 
-def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, method, paper_state: dict, memory,
+def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, method, piece_state: dict, memory,
               tally: Tally, rl_coef: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """A micro-batch's share of c·L_GRPO − β·H_rl (+ kl_coef·KL), c the SFT weighting's coefficient of
     the policy loss (utils/train/sft_weights.py; 1 unless the weighting scales it), its stats added to `tally`: (share,
     this forward's log-probs [rows, T-1]). `old_lp` None: this forward's own, detached. `method`: a
     method's own policy loss (utils/train/method_variants.py `piece_loss`) or None for the registered
-    one; `paper_state` the previous step's state it may read."""
+    one; `piece_state` the previous step's state it may read."""
     rl = alg.rl
     logp, ent = forward_logprobs(model, part.ids, part.attn, with_entropy=True, temperature=rl.temperature,
                                  need=part.mask > 0, entropy_grad=rl.entropy_coef != 0,
@@ -167,7 +167,7 @@ def _rl_piece(model, part: RlBatch, old_lp, ref_lp, alg, norms: Norms, rows, met
     h_rl = aggregate(Agg("token-mean", total=norms.rollout), ent, rollout_mask)
     agg = _agg(rl, part, norms, rows)
     if method is not None:  # a method's own policy loss (utils/train/method_variants.py piece_loss)
-        pg, pg_stats, weights = method.loss(part, logp, old_lp, ent, h_rl.item(), norms, agg, paper_state, tally)
+        pg, pg_stats, weights = method.loss(part, logp, old_lp, ent, h_rl.item(), norms, agg, piece_state, tally)
     else:
         adv = part.token_adv if part.token_adv is not None else part.adv
         pg, pg_stats = policy_loss(rl.policy_loss, logp, old_lp, adv, part.mask, rl.clip_low, rl.clip_high, agg,
@@ -220,7 +220,7 @@ def _pieces(batch: RlBatch | None, sft: tuple | None, budget: int) -> list[tuple
 
 
 def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft: tuple | None, alg, red_state,
-                  batch_accuracy: float, ref_lp: torch.Tensor | None = None, paper_state: dict | None = None,
+                  batch_accuracy: float, ref_lp: torch.Tensor | None = None, piece_state: dict | None = None,
                   world: World = SOLO, memory: MemoryConfig = MemoryConfig(), step: int = 0) -> LossTerms:
     """Forward and backward of L = c·L_GRPO − β·H_rl + w·α·L_SFT + kl_coef·KL over the batch (c and w
     from `algorithm.sft.weighting` at the 0-based `step`: 1 and RED's weight by default), in
@@ -231,7 +231,7 @@ def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft
     each forward's own, detached, exact when the batch gets one optimizer pass); `ref_lp` the KL
     reference's (needed when kl_coef > 0); `stats["rollout/logprob_mismatch"]` is the mean |old −
     sampler| over trained rollout tokens. A method's own policy loss (utils/train/method_variants.py
-    `piece_loss`) reads `paper_state`, what it kept from the previous step ({} on the first). Returns this rank's share of the loss, the stats of the whole
+    `piece_loss`) reads `piece_state`, what it kept from the previous step ({} on the first). Returns this rank's share of the loss, the stats of the whole
     batch (every rank's) and the log-probs of this forward (None without RL rows).
 
     A data-parallel rank may hold no RL rows of the step (`batch` None), no SFT rows (`sft` None), or
@@ -255,7 +255,7 @@ def red_grpo_loss(model, batch: RlBatch | None, old_lp: torch.Tensor | None, sft
             whole = len(rl_rows) == len(batch.adv)
             part, o, r = (batch, old_lp, ref_lp) if whole else take_rows(batch, torch.tensor(rl_rows), old_lp, ref_lp)
             loss, logp = _rl_piece(model, part, o, r, alg, norms, None if whole else torch.tensor(rl_rows), method,
-                                   paper_state or {}, memory, tally, mix.rl)
+                                   piece_state or {}, memory, tally, mix.rl)
             logp_all[rl_rows, :logp.shape[1]] = logp
         if sft_rows is not None:
             piece = sft if len(sft_rows) == len(sft[0]) else cut_rows(sft_rows, *sft)

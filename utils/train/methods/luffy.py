@@ -72,7 +72,7 @@ class LuffyPiece:
     def prepare(self, model, batch, norms, memory, world, pieces: int) -> None:
         pass
 
-    def loss(self, part: RlBatch, logp, old_lp, ent, h_rl: float, norms, agg, paper_state: dict, tally):  # noqa: ARG002
+    def loss(self, part: RlBatch, logp, old_lp, ent, h_rl: float, norms, agg, piece_state: dict, tally):  # noqa: ARG002
         return luffy_loss(part, logp, old_lp, agg, self.cfg, self.rl)
 
 
