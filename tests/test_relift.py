@@ -1,4 +1,4 @@
-"""ReLIFT (utils/train/relift.py): the buffer of failed questions by hand, the method's config, and the
+"""ReLIFT (utils/train/methods/relift.py): the buffer of failed questions by hand, the method's config, and the
 real trainer taking its SFT step when the buffer fills, the buffer surviving a checkpoint."""
 import json
 import math
@@ -12,8 +12,8 @@ from utils.core.config import ConfigError
 from utils.core.loader import load_run_config
 from utils.reward.spec import RewardSpec
 from utils.train.method_variants import active_variants
+from utils.train.methods.relift import HardBuffer
 from utils.train.state import TrainState
-from utils.train.relift import HardBuffer
 from utils.train.variants import StepData
 
 
@@ -30,17 +30,17 @@ def test_failed_questions_wait_newest_first_and_leave_by_the_buffers_size():
     assert buffer.answers({"id": "q0"}, [0.0, 0.5]) == [0.0, 0.5]  # a group dynamic sampling drops: judged as is
     step = _step({"q1": [1.0, 0.0], "q3": [0.0, 0.0], "q2": [0.0, 0.0]})  # q2 has no demonstration
     buffer.regroup(step)
-    assert state.relift == ["q0", "q3"] and step.sft == [] and "relift_demos" not in step.notes
+    assert state.methods["relift"] == ["q0", "q3"] and step.sft == [] and "relift_demos" not in step.notes
     step = _step({"q1": [0.5, 0.0]})
     buffer.regroup(step)  # the third failed question fills it: all three leave, their demonstrations trained
-    assert state.relift == [] and step.notes["relift_demos"] == ["q1a", "q1b", "q0a", "q0b", "q3a", "q3b"]
+    assert state.methods["relift"] == [] and step.notes["relift_demos"] == ["q1a", "q1b", "q0a", "q0b", "q3a", "q3b"]
     assert buffer.metrics(step, None) == {"relift/buffer": 0, "relift/sft_step": 1.0}
     buffer = HardBuffer(demos, size=2, n=2, state=state)
     buffer.answers({"id": "q0"}, [0.0, 0.0])
     buffer.answers({"id": "q1"}, [0.0, 0.0])
     step = _step({"q3": [0.0, 0.0]})
     buffer.regroup(step)  # three wait, two leave: the newest (this step's, in the order judged), one stays
-    assert step.notes["relift_demos"] == ["q0a", "q0b", "q1a", "q1b"] and state.relift == ["q3"]
+    assert step.notes["relift_demos"] == ["q0a", "q0b", "q1a", "q1b"] and state.methods["relift"] == ["q3"]
 
 
 def test_a_kept_group_with_partial_credit_and_no_right_answer_enters_the_buffer_once():
@@ -52,9 +52,9 @@ def test_a_kept_group_with_partial_credit_and_no_right_answer_enters_the_buffer_
     for q, answers in (("q0", [0.5, 0.2]), ("q1", [0.0, 0.0])):  # q0 kept (a signal), q1 dropped
         buffer.answers({"id": q}, answers)
     buffer.regroup(_step({"q0": [0.5, 0.2]}))  # only the kept group reaches the step
-    assert state.relift == ["q0", "q1"]
+    assert state.methods["relift"] == ["q0", "q1"]
     buffer.regroup(_step({"q0": [0.5, 0.2]}))  # a later step without dynamic sampling: noted by regroup
-    assert state.relift == ["q0", "q0", "q1"]
+    assert state.methods["relift"] == ["q0", "q0", "q1"]
 
 
 def test_relift_refuses_more_than_one_rank():
@@ -105,5 +105,8 @@ def test_the_trainer_takes_an_sft_step_when_the_buffer_fills_and_keeps_it_in_its
     assert any(not torch.equal(before[n], after[n]) for n in before)  # only the SFT steps had a gradient
     saved = json.loads((trainer.ckpt_dir / "step_2" / "state.json").read_text())
     saved.pop("config_sha256")
-    assert saved["relift"] == trainer.state.relift and len(saved["relift"]) == 2
-    assert TrainState.from_json(saved).relift == saved["relift"]
+    assert saved["methods"]["relift"] == trainer.state.methods["relift"] and len(saved["methods"]["relift"]) == 2
+    assert TrainState.from_json(saved).methods["relift"] == saved["methods"]["relift"]
+    # a checkpoint written before the buffer moved under `methods` resumes with it
+    old = {**{k: v for k, v in saved.items() if k != "methods"}, "relift": ["q9", "q8"]}
+    assert TrainState.from_json(old).methods == {"relift": ["q9", "q8"]}

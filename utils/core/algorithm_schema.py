@@ -1,6 +1,6 @@
 """The algorithm tier's part of the run config's schema (utils/core/schema.py holds the rest): the RL
 step, the SFT term and how it is weighted (RED, CHORD, SRFT), and the peers' settings (red_paper,
-SRFT, ReLIFT), then a section for each method that lives in one file (utils/core/method_files.py).
+SRFT), then a section for each method that lives in one file (utils/core/method_files.py).
 
 A method is its config file, configs/algorithms/<name>.yaml (utils/core/methods.py): the names are
 the files' stems, not a copy.
@@ -151,15 +151,6 @@ class SrftConfig:
 
 
 @dataclass
-class ReliftConfig:
-    enabled: bool = field(False, "ReLIFT (method relift, utils/train/relift.py): questions with a demonstration and "
-                                 "no right rollout wait in a buffer; when it holds buffer_size, their demonstrations "
-                                 "take an SFT optimizer step of their own after the RL update.")
-    buffer_size: int = field(4, "Questions the buffer holds before its SFT step (a choice for this testbed, where "
-                                "about one judged question in twenty has a demonstration).", minimum=1)
-
-
-@dataclass
 class BuiltinAlgorithmConfig:
     """The sections every run has; `AlgorithmConfig` adds one per method file (utils/core/method_files.py)."""
     method: str = field("red", "The method's name; its flags below must agree with it.", METHOD_NAMES)
@@ -169,7 +160,6 @@ class BuiltinAlgorithmConfig:
     red_paper: RedPaperConfig = field(RedPaperConfig(), "RED as its paper's code has it (method red_paper).")
     chord: ChordConfig = field(ChordConfig(), "CHORD's μ schedule and φ (algorithm.sft.weighting chord).")
     srft: SrftConfig = field(SrftConfig(), "SRFT's entropy-weighted single-stage SFT and RL (method srft).")
-    relift: ReliftConfig = field(ReliftConfig(), "ReLIFT's buffer of failed questions and its SFT steps (method relift).")
 
 
 # A method in one file (utils/train/methods/<name>.py) adds its section algorithm.<name>, read from the

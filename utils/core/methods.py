@@ -75,8 +75,6 @@ METHODS: Registry[Method] = Registry("method", {**{m.name: m for m in (
     Method("chord_mu", "CHORD-μ: (1 − μ)·GRPO + μ·SFT, μ decaying on a cosine from 0.9 to 0.05", in_study=False),
     Method("chord_phi", "CHORD-φ: (1 − μ)·GRPO + μ·SFT at μ = 0.1, each SFT token weighted by p·(1 − p)",
            in_study=False),
-    Method("relift", "ReLIFT: GRPO; questions no rollout solves wait in a buffer, and when it is full their "
-                     "demonstrations take an SFT step of their own", in_study=False),
     Method("joint", "RED co-training from the base model, no warmup: SFT and RL together from the first step, at "
                     "the SFT→RL path's optimizer steps and demonstrations", in_study=False),
     Method("srft", "SRFT: demonstrations in the groups (shaped ratio) and as SFT weighted by exp(−H); rollouts by "
@@ -113,7 +111,6 @@ def defining_flags(alg) -> dict:
             "phi": ("algorithm.chord.phi", alg.chord.phi if weighting == "chord" else None),
             "srft": ("algorithm.srft.enabled", alg.srft.enabled),
             "srft_wrong": ("algorithm.srft.negative_coef", alg.srft.negative_coef < 0 if alg.srft.enabled else None),
-            "buffer": ("algorithm.relift.enabled", alg.relift.enabled),
             "init": ("algorithm.rl.init", alg.rl.init),
             "matched": ("algorithm.sft.match_red", alg.sft.match_red),
             "policy_loss": ("algorithm.rl.policy_loss", alg.rl.policy_loss),

@@ -11,7 +11,6 @@ from importlib import import_module
 
 from utils.core.method_files import METHOD_DIR, enabled
 from utils.train.red_paper import ExpertPiece, ExpertTraces
-from utils.train.relift import HardBuffer
 from utils.train.srft import DemoGroups, SrftPiece
 from utils.train.state import TrainState
 from utils.train.variants import ProcessRewards, StepVariant
@@ -20,8 +19,7 @@ from utils.train.variants import ProcessRewards, StepVariant
 def active_variants(alg, spec, offline: dict, prm=None, state: TrainState | None = None) -> list[StepVariant]:
     """The variants a run's config turns on, in hook order: expert traces (algorithm.red_paper.offline,
     with the traces `offline` read; utils/train/red_paper.py), SRFT's demonstrations in the groups
-    (algorithm.srft.enabled; utils/train/srft.py), ReLIFT's buffer of failed questions (algorithm.relift,
-    kept in `state`; utils/train/relift.py), each method file's that the config turns on (its
+    (algorithm.srft.enabled; utils/train/srft.py), each method file's that the config turns on (its
     `variants(alg, spec, offline, state)`), then process rewards (reward.process.source;
     utils/train/variants.py)."""
     out: list[StepVariant] = []
@@ -29,8 +27,6 @@ def active_variants(alg, spec, offline: dict, prm=None, state: TrainState | None
         out.append(ExpertTraces(offline, spec, alg.rl.n_samples))
     if alg.srft.enabled and offline:
         out.append(DemoGroups(offline, spec, alg.rl.n_samples))
-    if alg.relift.enabled:
-        out.append(HardBuffer(offline, alg.relift.buffer_size, alg.rl.n_samples, state or TrainState()))
     for mf in enabled(alg):  # each method that lives in one file, in name order
         out += getattr(_module(mf.name), "variants", lambda *a: [])(alg, spec, offline, state or TrainState())
     if spec is not None and spec.process.source != "none":  # None: a trainer built for its update alone

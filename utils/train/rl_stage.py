@@ -105,7 +105,7 @@ def build_trainer(cfg, adapter: Path | None, traces: Path, train_path: Path, spe
     rollout = Rollout(engine, Codec(tok, cfg.model.templates), RolloutSpec.from_config(cfg, cfg.algorithm.rl.temperature),
                       run_retriever(cfg))
     alg = cfg.algorithm
-    demos = alg.red_paper.offline or alg.srft.enabled or alg.relift.enabled or wants(alg, "demonstrations")
+    demos = alg.red_paper.offline or alg.srft.enabled or wants(alg, "demonstrations")
     offline = read_offline_samples(traces) if demos else {}
     spec = read_spec(spec_path)
     trainer = GrpoTrainer(cfg, model, engine, rollout, spec, questions, read_trace_examples(traces),

@@ -8,7 +8,7 @@ demonstrations take one SFT optimizer step of their own after the step's RL upda
 Here only questions with a demonstration can enter (03's traces: the 96 of the warmup), and a
 question enters whether dynamic sampling dropped its group (seen through the `answers` hook, which
 the sampler calls on every group it judges) or the step kept it (`regroup`). The buffer lives in
-the checkpointed TrainState (`relift`), so a resumed run keeps it. docs/METHODS.md names the
+the checkpointed TrainState (`methods["relift"]`), so a resumed run keeps it. docs/METHODS.md names the
 departures from the paper's runs.
 """
 from __future__ import annotations
@@ -18,10 +18,21 @@ from utils.reward.scorers import is_correct
 from utils.train.policy import sft_backward, sft_batch
 from utils.train.variants import StepData, StepVariant
 
+SETTINGS = {  # algorithm.relift, read by the config's schema from this text (utils/core/method_files.py)
+    "enabled": (False, "ReLIFT (method relift, utils/train/methods/relift.py): questions with a demonstration and no "
+                       "right rollout wait in a buffer; when it holds buffer_size, their demonstrations take an SFT "
+                       "optimizer step of their own after the RL update."),
+    "buffer_size": (4, "Questions the buffer holds before its SFT step (a choice for this testbed, where about one "
+                       "judged question in twenty has a demonstration).", {"minimum": 1}),
+}
+METHOD = {"summary": "ReLIFT: GRPO; questions no rollout solves wait in a buffer, and when it is full their "
+                     "demonstrations take an SFT step of their own", "demonstrations": True}
+
 
 class HardBuffer(StepVariant):
     """The step variant: `samples` maps a question id to its demonstration (an OfflineSample); `state`
-    is the trainer's TrainState, whose `relift` list (question ids, newest first) is the buffer."""
+    is the trainer's TrainState, whose `methods["relift"]` list (question ids, newest first) is the
+    buffer."""
 
     def __init__(self, samples: dict, size: int, n: int, state):
         self.samples, self.size, self.n, self.state = samples, size, n, state
@@ -41,13 +52,13 @@ class HardBuffer(StepVariant):
         for g, row in enumerate(step.rows):  # the kept groups dynamic sampling did not already judge
             if row["id"] not in self.judged:
                 self._note(row, [s["answer"] for s in step.scored[g * self.n:(g + 1) * self.n]])
-        buffer = self.failed + self.state.relift  # a question that fails again may wait twice, as released
+        buffer = self.failed + self.state.methods.get("relift", [])  # a question that fails again may wait twice, as released
         self.failed, self.judged = [], set()
         step.sft = []  # no SFT term inside the RL update
         if len(buffer) >= self.size:
             taken, buffer = buffer[:self.size], buffer[self.size:]
             step.notes["relift_demos"] = [ex for q in taken for ex in self.samples[q].examples]
-        self.state.relift = buffer
+        self.state.methods["relift"] = buffer
         step.notes["relift"] = len(buffer)
 
     def extra_step(self, trainer, step: StepData) -> dict:
@@ -75,3 +86,8 @@ def demo_step(trainer, examples: list) -> dict:
     return {"relift/sft_loss": loss.item() / max(coef, 1e-12), "relift/sft_entropy": entropy.item(),
             "relift/sft_examples": len(examples), "relift/sft_skipped": skipped,
             "train/optimizer_steps": 1 - skipped, "train/tokens_sft": 0.0 if skipped else batch[2].sum().item()}
+
+
+def variants(alg, spec, offline: dict, state) -> list:  # noqa: ARG001
+    """The step variants of a ReLIFT run: the buffer, kept in `state`."""
+    return [HardBuffer(offline, alg.relift.buffer_size, alg.rl.n_samples, state)]
