@@ -195,6 +195,19 @@ def make_trainer(cfg, engine, adapter, tmp_path, base_dir):
                        tmp_path, MetricsLogger(tmp_path / "metrics.jsonl"), "sha")
 
 
+def demo_trainer(method: str, engine, adapter, tmp_path, base_dir):
+    """(a trainer of `method` for 2 steps of 4 questions × 3 samples without dynamic sampling, every
+    question with its gold trace as its demonstration; its trainable parameters before training)."""
+    from utils.core.loader import load_run_config
+
+    cfg = load_run_config(algorithm=method, overrides=[
+        "algorithm.rl.steps=2", "algorithm.rl.questions_per_step=4", "algorithm.rl.n_samples=3",
+        "algorithm.rl.dump_freq=0", "algorithm.rl.save_freq=100", "algorithm.rl.dynamic_sampling=0"])
+    trainer = make_trainer(cfg, engine, adapter, tmp_path, base_dir)
+    give_gold_demos(trainer, trainer.rows)
+    return trainer, {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
 def give_gold_demos(trainer, rows) -> None:
     """Give the trainer each of `rows`' gold trace as its offline demonstration, as 05 does for the
     traced questions (trainer.offline: question id → OfflineSample)."""

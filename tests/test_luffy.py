@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from helpers import assert_close, give_gold_demos, make_trainer, ragged_rl_batch, random_lora
+from helpers import assert_close, demo_trainer, ragged_rl_batch, random_lora
 from utils.core.config import ROOT, ConfigError
 from utils.core.errors import StageError
 from utils.core.loader import load_run_config
@@ -174,12 +174,7 @@ def test_a_method_files_settings_become_its_typed_section(tmp_path):
 
 def test_the_trainer_trains_demonstrations_in_their_groups(hf_engine, protocol_adapter, tmp_path, base_dir):
     """Every question has its gold trace: it takes its group's last place; there is no SFT term."""
-    cfg = load_run_config(algorithm="luffy", overrides=[
-        "algorithm.rl.steps=2", "algorithm.rl.questions_per_step=4", "algorithm.rl.n_samples=3",
-        "algorithm.rl.dump_freq=0", "algorithm.rl.save_freq=100", "algorithm.rl.dynamic_sampling=0"])
-    trainer = make_trainer(cfg, hf_engine, protocol_adapter, tmp_path, base_dir)
-    give_gold_demos(trainer, trainer.rows)
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer, before = demo_trainer("luffy", hf_engine, protocol_adapter, tmp_path, base_dir)
     steps = trainer.train()
     for m in steps:
         assert m["luffy/demo_groups"] == 4  # a demonstration in each of the step's four groups

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from helpers import assert_close, give_gold_demos, make_trainer, ragged_rl_batch, random_lora, random_sft_batch
+from helpers import assert_close, demo_trainer, ragged_rl_batch, random_lora, random_sft_batch
 from utils.core.algorithm_schema import SrftConfig
 from utils.core.config import ConfigError
 from utils.core.loader import load_run_config
@@ -147,12 +147,7 @@ def test_srft_is_its_own_method_and_turns_on_its_variant():
 
 def test_the_trainer_trains_demonstrations_in_their_groups_and_as_sft(hf_engine, protocol_adapter, tmp_path, base_dir):
     """Every question has its gold trace: it takes its group's last place and is the step's SFT."""
-    cfg = load_run_config(algorithm="srft", overrides=[
-        "algorithm.rl.steps=2", "algorithm.rl.questions_per_step=4", "algorithm.rl.n_samples=3",
-        "algorithm.rl.dump_freq=0", "algorithm.rl.save_freq=100", "algorithm.rl.dynamic_sampling=0"])
-    trainer = make_trainer(cfg, hf_engine, protocol_adapter, tmp_path, base_dir)
-    give_gold_demos(trainer, trainer.rows)
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer, before = demo_trainer("srft", hf_engine, protocol_adapter, tmp_path, base_dir)
     steps = trainer.train()
     for m in steps:
         assert m["red_paper/offline_groups"] == 4  # a demonstration in each of the step's four groups
