@@ -2,17 +2,26 @@
 against an uninterrupted run's:
 
     .venv/bin/python benchmarks/chaos_soak.py [--model smollm2-135m-instruct] [--kills 24]
-                                              [--delay 15,90] [--executor ray] [--seed 0] [--set KEY=VALUE ...]
+                                              [--delay 15,90] [--per_stage N] [--executor ray] [--seed 0]
+                                              [--set KEY=VALUE ...]
 
 Both runs are the same small `--method red,grpo` run (`SMALL`: a few SFT and RL steps, a checkpoint at
 every step, on 40/8/8 word problems written for it under outputs/soak_data; `--model tiny-arith` takes the embedded
 data instead). The reference runs once, untouched (`outputs/soak_ref`, reused when it is complete).
 The soak (`outputs/soak_kill`, removed first) starts `09_driver.py` in a session of its own, waits a
-random delay, notes which stages' manifests say "running" (the stage a kill lands in: a kill before
-any stage has started is `start`), and SIGKILLs the session. Stages a Ray worker started live
+random delay, notes which stages' manifests say "running" since that start (the stage a kill lands
+in: a kill before any stage has started is `start`), and SIGKILLs the session. Stages a Ray worker started live
 outside that session; each must notice that its driver is gone and stop (utils/core/signals.py
 `stop_with`), so the next start waits until the run's lock is free, and the seconds it waited are
 the orphans' lifetime. After `--kills` kills the driver runs to the end.
+
+`--per_stage N` aims the kills instead, so that they land in every stage, the second-long data
+stages and 08 included: each start watches the manifests (every 20 ms), and when a stage that has
+had fewer than N kills is seen running, kills the session at a uniform fraction (0.1 to 0.9) of the
+seconds that stage took in the reference (its `run_manifest.json`), capped at `--delay`'s HI. A
+stage can finish before its kill is due, so the counts printed are where the kills landed, not
+where they were aimed; a stage already complete is never run again, so it gets no later kill.
+The soak stops aiming once every stage has had N kills or can have no more.
 
 Compared (`compare`): every final adapter byte for byte, every trainer's metrics.jsonl and 04's log
 but their time/ columns, 07's metrics.json and predictions (transcripts included), and 08's
@@ -63,12 +72,13 @@ def _driver(args, run_id: str, extra: list[str]) -> list[str]:
             *[x for s in sets for x in ("--set", s)]]
 
 
-def _running(run: Path) -> list[str]:
-    """The stages whose manifests say "running" (what a kill now lands in)."""
+def _running(run: Path, since: float = 0.0) -> list[str]:
+    """The stages whose manifests say "running" (what a kill now lands in), written at or after `since`
+    (a time.time()): a killed stage's manifest still says "running" until its stage starts again."""
     out = []
     for path in run.rglob("manifest.json"):
         try:
-            if json.loads(path.read_text()).get("status") == "running":
+            if path.stat().st_mtime >= since and json.loads(path.read_text()).get("status") == "running":
                 out.append(path.parent.relative_to(run).as_posix())
         except (OSError, ValueError):  # being written: not counted
             continue
@@ -85,6 +95,67 @@ def _wait_for_locks(run: Path, limit: float = 600.0) -> float:
     raise SystemExit(f"soak: a lock under {run} still held after {limit:.0f} s: an orphan did not stop")
 
 
+def _status(run: Path, stage: str) -> str | None:
+    try:
+        return json.loads((run / stage / "manifest.json").read_text()).get("status")
+    except (OSError, ValueError):  # not there yet, or being written
+        return None
+
+
+def _stage_seconds(ref: Path) -> dict[str, float]:
+    """Each stage's own seconds in the reference run (its manifest's wall_seconds), by stage folder."""
+    out = {}
+    for path in ref.rglob("manifest.json"):
+        stage = path.parent.relative_to(ref).as_posix()
+        if not stage.startswith("logs"):
+            out[stage] = float(json.loads(path.read_text()).get("wall_seconds", 1.0))
+    return out
+
+
+def _aim(proc, run: Path, rng, seconds: dict[str, float], landed: Counter, per_stage: int, cap: float):
+    """Watch a start until a stage short of its kills is running; wait a fraction of its reference
+    time; return the stages running then (None: the start ended first, or nothing is left to aim at)."""
+    since = time.time()
+    while proc.poll() is None:
+        due = [st for st in _running(run, since) if st in seconds and landed[st] < per_stage]
+        if due:
+            time.sleep(min(rng.uniform(0.1, 0.9) * seconds[due[0]], cap))
+            return _running(run, since) or ["between stages"] if proc.poll() is None else None
+        if all(landed[st] >= per_stage or _status(run, st) == "completed" for st in seconds):
+            return None
+        time.sleep(0.02)
+    return None
+
+
+def _kill(proc, run: Path, stages: list[str], landed: Counter, kills: int) -> float:
+    """SIGKILL the start's whole session, count where it landed, and wait for any orphan's lock: the
+    seconds it waited."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    landed.update(stages)
+    print(f"kill {kills}: {', '.join(stages)}", flush=True)
+    return _wait_for_locks(run)
+
+
+def aimed_soak(args, cmd: list[str], run: Path, ref: Path) -> tuple[Counter, int, float]:
+    """`--per_stage`: start, kill inside the next stage short of its kills, wait for orphans, start
+    again, until no stage is left to aim at (the start that finds none runs to the end)."""
+    rng = random.Random(args.seed)
+    cap = float(args.delay.split(",")[1])
+    seconds = _stage_seconds(ref)
+    landed, kills, orphan_max = Counter(), 0, 0.0
+    while True:
+        proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        stages = _aim(proc, run, rng, seconds, landed, args.per_stage, cap)
+        if stages is None:
+            if proc.wait() != 0:
+                raise SystemExit(f"soak: a start exited {proc.returncode} (logs under {run / 'logs'})")
+            return landed, kills, orphan_max
+        kills += 1
+        orphan_max = max(orphan_max, _kill(proc, run, stages, landed, kills))
+
+
 def soak(args, cmd: list[str], run: Path) -> tuple[Counter, int, float]:
     """Start, kill after a random delay, wait for orphans, start again; after `args.kills` kills run to
     the end. (kills per stage landed in, kills, the longest wait for an orphan's lock in seconds)."""
@@ -92,6 +163,7 @@ def soak(args, cmd: list[str], run: Path) -> tuple[Counter, int, float]:
     lo, hi = (float(x) for x in args.delay.split(","))
     landed, kills, orphan_max = Counter(), 0, 0.0
     while True:
+        since = time.time()
         proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         if kills >= args.kills:
@@ -104,13 +176,8 @@ def soak(args, cmd: list[str], run: Path) -> tuple[Counter, int, float]:
                 return landed, kills, orphan_max  # it finished before the kill was due
             raise SystemExit(f"soak: a start exited {proc.returncode} before its kill (logs under {run / 'logs'})")
         except subprocess.TimeoutExpired:
-            stages = _running(run) or ["start"]
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            landed.update(stages)
             kills += 1
-            print(f"kill {kills}: {', '.join(stages)}", flush=True)
-        orphan_max = max(orphan_max, _wait_for_locks(run))
+            orphan_max = max(orphan_max, _kill(proc, run, _running(run, since) or ["start"], landed, kills))
 
 
 def _rows(path: Path) -> list:
@@ -147,6 +214,7 @@ def main() -> int:
     ap.add_argument("--data", default=None, help="data config (default: word_problems for a real model)")
     ap.add_argument("--kills", type=int, default=24)
     ap.add_argument("--delay", default="15,90", help="each kill after a uniform delay in LO,HI seconds")
+    ap.add_argument("--per_stage", type=int, default=0, help="aim N kills at every stage instead (see above)")
     ap.add_argument("--executor", default="ray", choices=("ray", "sequential"))
     ap.add_argument("--seed", type=int, default=0, help="the delays' random seed")
     ap.add_argument("--set", action="append", default=[], help="more KEY=VALUE for both runs")
@@ -167,7 +235,8 @@ def main() -> int:
     print(f"reference: {time.monotonic() - t0:.0f} s", flush=True)
     shutil.rmtree(kill, ignore_errors=True)
     t0 = time.monotonic()
-    landed, kills, orphan_max = soak(args, _driver(args, "soak_kill", extra), kill)
+    cmd = _driver(args, "soak_kill", extra)
+    landed, kills, orphan_max = aimed_soak(args, cmd, kill, ref) if args.per_stage else soak(args, cmd, kill)
     differ = compare(ref, kill)
     for stage, n in sorted(landed.items()):
         print(f"kills in {stage}: {n}")

@@ -159,10 +159,30 @@ def _write(root, text: str):
      r"SETTINGS\['x'\]"),
     ("SETTINGS = {'enabled': (False, 'h')}\nMETHOD = {'summary': 's', 'trainer': '05'}\n", "toy.py:2: METHOD must"),
     ("X = 1\nSETTINGS = {'enabled': (False, str(X))}\nMETHOD = {'summary': 's'}\n", "toy.py:2: SETTINGS must be a literal"),
+    ("SETTINGS = {'enabled': (False, 'h')}\nMETHOD = {'summary': 's', 'needs': 'red'}\n", "toy.py:2: METHOD's in_study"),
+    ("SETTINGS = {'enabled': (False, 'h')}\nMETHOD = {'summary': 's', 'in_study': 1}\n", "toy.py:2: METHOD's in_study"),
 ])
 def test_a_method_files_declarations_are_checked_naming_the_file_and_line(tmp_path, text, error):
     with pytest.raises(ValueError, match=error):
         _write(tmp_path, text)
+
+
+def test_a_method_file_named_like_a_built_in_is_refused(tmp_path):
+    """A file named like a built-in method or section would shadow it: the registry and the schema
+    refuse it at import, naming the file (checked in a copy of the library, as a new file would be)."""
+    import shutil
+    import subprocess
+    import sys
+
+    for part in ("utils", "configs"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    methods = tmp_path / "utils" / "train" / "methods"
+    for clash, module, error in (("grpo", "utils.core.methods", "method 'grpo' is already registered"),
+                                 ("rl", "utils.core.algorithm_schema", "cannot be named like the built-in")):
+        (methods / f"{clash}.py").write_text("SETTINGS = {'enabled': (False, 'h')}\nMETHOD = {'summary': 's'}\n")
+        run = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=tmp_path, capture_output=True, text=True)
+        (methods / f"{clash}.py").unlink()
+        assert run.returncode != 0 and error in run.stderr and f"utils/train/methods/{clash}.py" in run.stderr, run.stderr
 
 
 def test_a_method_files_settings_become_its_typed_section(tmp_path):

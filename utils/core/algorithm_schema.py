@@ -165,6 +165,9 @@ class BuiltinAlgorithmConfig:
 # A method in one file (utils/train/methods/<name>.py) adds its section algorithm.<name>, read from the
 # file's SETTINGS; each section class is bound here so that a config pickles (a Ray worker gets one).
 for _name, _cls in sections().items():
+    if _name in BuiltinAlgorithmConfig.__dataclass_fields__ or _cls.__name__ in globals():
+        raise ValueError(f"{METHOD_DIR}/{_name}.py: a method file cannot be named like the built-in section or "
+                         f"class it would replace ({_name}, {_cls.__name__})")
     globals()[_cls.__name__] = _cls
 AlgorithmConfig = make_dataclass(
     "AlgorithmConfig", [(n, c, field(c(), f"Method {n}'s settings ({METHOD_DIR}/{n}.py).")) for n, c in sections().items()],

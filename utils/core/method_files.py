@@ -80,7 +80,13 @@ def _check_method(where: str, method) -> dict:
     if not isinstance(method, dict) or not isinstance(method.get("summary"), str) or set(method) - _METHOD_KEYS:
         raise ValueError(f"{where}: METHOD must be a dict with a 'summary' string and keys among "
                          f"{', '.join(sorted(_METHOD_KEYS))}")
-    return {"in_study": False, "needs": (), "demonstrations": False, "demonstration_tokens": False, **method}
+    out = {"in_study": False, "needs": (), "demonstrations": False, "demonstration_tokens": False, **method}
+    needs = out["needs"]
+    if not all(isinstance(out[k], bool) for k in ("in_study", "demonstrations", "demonstration_tokens")) \
+            or not isinstance(needs, (tuple, list)) or not all(isinstance(n, str) for n in needs):
+        raise ValueError(f"{where}: METHOD's in_study, demonstrations and demonstration_tokens are true or false, "
+                         f"its needs a tuple of method names")
+    return out
 
 
 def read_method_file(path: Path, root: Path = ROOT) -> MethodFile:

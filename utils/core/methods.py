@@ -61,7 +61,7 @@ class Method:
         return SFT_TRAINER if self.flags["sft"] else RL_TRAINER
 
 
-METHODS: Registry[Method] = Registry("method", {**{m.name: m for m in (
+_BUILTIN = {m.name: m for m in (
     Method("red", "GRPO + SFT term weighted by RED (G > 1)"),
     Method("grpo", "GRPO, no SFT term"),
     Method("fixed_sft", "GRPO + constant-weight SFT term (G = 1)"),
@@ -81,8 +81,13 @@ METHODS: Registry[Method] = Registry("method", {**{m.name: m for m in (
                    "REINFORCE, 0.1·exp(H) when right, −1 when wrong", in_study=False),
     Method("srft_clamped", "SRFT with the released loss's clamp on (no released script runs it): srft, but a wrong "
                            "rollout adds no gradient (its advantage 0, its tokens still in the mean)", in_study=False),
-)}, **{mf.name: Method(mf.name, mf.method["summary"], tuple(mf.method["needs"]), mf.method["in_study"])
-      for mf in method_files()}})  # then each method that lives in one file (utils/core/method_files.py)
+)}
+for _mf in method_files():  # then each method that lives in one file (utils/core/method_files.py)
+    if _mf.name in _BUILTIN:
+        raise ValueError(f"{_mf.path}: method '{_mf.name}' is already registered in utils/core/methods.py")
+METHODS: Registry[Method] = Registry("method", {**_BUILTIN, **{
+    mf.name: Method(mf.name, mf.method["summary"], tuple(mf.method["needs"]), mf.method["in_study"])
+    for mf in method_files()}})
 # Methods renamed after runs were archived under the old name: 08 reads an archived evaluation or
 # trainer by its new name (utils/eval/compare.py). srft_released was called the released form, but
 # the released SRFT script turns the clamp off (docs/METHODS.md, SRFT's departures).
