@@ -1,7 +1,7 @@
 """Each joint method's wiring into the RL step, so that the loop (utils/train/grpo_trainer.py) and the
 update (utils/train/update.py) name no method: which step variants (utils/train/variants.py) a run's
-config turns on (red_paper's expert traces, SRFT's demonstrations in the groups,
-ReLIFT's buffer, process rewards), and which method's own policy loss an RL micro-batch takes in
+config turns on (red_paper's expert traces, SRFT's demonstrations in the groups, process
+rewards), and which method's own policy loss an RL micro-batch takes in
 place of the registered `algorithm.rl.policy_loss` (`piece_loss`). A method that lives in one file
 (utils/train/methods/<name>.py, utils/core/method_files.py) brings both through its own `variants`
 and `piece` functions, called here when its section is enabled: nothing here names it."""
