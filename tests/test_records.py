@@ -164,13 +164,15 @@ def test_the_peers_compute_is_what_results_says_seed_by_seed():
 
 def test_the_real_model_control_holds_the_figures_its_journal_entry_quotes():
     """docs/records/real_control: issue 97's positive control on SmolLM2-135M-Instruct and the word
-    problems, R1 as chosen on val, seeds 11 to 13 (journal 2026-12-07-real-rl.md): greedy
+    problems, R1 as chosen on val, seeds 11 to 14 (journal 2026-12-07-real-rl.md): greedy
     accuracy and mean@4 at T 1.0 on the 100 test items per checkpoint; more seeds join the same folder."""
     records = ROOT / "docs" / "records" / "real_control"
     quoted = {("base", 11): (0.0, 0.0), ("sft_warmup", 11): (0.30, 0.215), ("red", 11): (0.34, 0.2525),
               ("grpo", 11): (0.35, 0.255), ("base", 12): (0.0, 0.0), ("sft_warmup", 12): (0.35, 0.2375),
               ("red", 12): (0.42, 0.25), ("grpo", 12): (0.43, 0.2475), ("base", 13): (0.0, 0.0),
-              ("sft_warmup", 13): (0.36, 0.2675), ("red", 13): (0.36, 0.30), ("grpo", 13): (0.38, 0.2975)}
+              ("sft_warmup", 13): (0.36, 0.2675), ("red", 13): (0.36, 0.30), ("grpo", 13): (0.38, 0.2975),
+              ("base", 14): (0.0, 0.0), ("sft_warmup", 14): (0.29, 0.20), ("red", 14): (0.30, 0.245),
+              ("grpo", 14): (0.30, 0.2475)}
     evals = {(e.method, e.seed): e for e in _evaluations(records)}
     assert set(evals) == set(quoted)
     for key, (greedy, mean4) in quoted.items():
@@ -181,3 +183,18 @@ def test_the_real_model_control_holds_the_figures_its_journal_entry_quotes():
     assert "| grpo | 0.35 | 0.2550 | 0.44 |" in entry and "| sft_warmup | 0.30 | 0.2150 | 0.41 |" in entry
     assert "| grpo | 0.43 | 0.2475 | 0.49 |" in entry and "| sft_warmup | 0.35 | 0.2375 | 0.45 |" in entry
     assert "| grpo | 0.38 | 0.2975 | 0.47 | 1.00 | 13 |" in entry and "| sft_warmup | 0.36 | 0.2675 | 0.48 | 1.00 | 6 |" in entry
+    assert "| grpo | 0.30 | 0.2475 | 0.47 | 1.00 | 4 |" in entry and "| sft_warmup | 0.29 | 0.2000 | 0.42 | 1.00 | 4 |" in entry
+
+
+def test_the_real_model_controls_verdicts_rederive_from_its_records():
+    """08's paired tests over the four archived seeds, as RESULTS and the README quote them: the
+    positive control grpo − sft_warmup reads better (+0.0319 mean@4), red − grpo equivalent within ±0.03."""
+    from utils.eval.paired import comparisons
+
+    evals = _evaluations(ROOT / "docs" / "records" / "real_control")
+    rows = {(r["a"], r["b"]): r for r in comparisons(evals, resamples=1000, seed=0, margin=0.03)}
+    control, red = rows[("grpo", "sft_warmup")], rows[("red", "grpo")]
+    assert control["verdict"] == "better" and control["diff"] == pytest.approx(0.0319, abs=5e-5)
+    assert red["verdict"].startswith("equivalent") and red["diff"] == pytest.approx(0.0, abs=5e-5)
+    results = " ".join(RESULTS.read_text().split())  # as read, whatever the line breaks
+    assert "grpo − sft_warmup **+0.032**" in results and "(95% CI +0.006 to +0.058, p 0.030" in results
