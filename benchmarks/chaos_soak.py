@@ -36,7 +36,11 @@ Last run, 2026-12-07, the 2-core AVX2 box (AMD EPYC family 25 model 1), `--model
 --delay 8,45 --set warmup.steps=150 --set warmup.eval_every=50 --set warmup.save_every=25` (the
 arms' test accuracy 0.07–0.09, so the predictions compared are not all wrong alike): reference
 204 s, soak 339 s; kills in 04 ×2, in both RL arms at once ×3, in 07 ×2, before any stage ×1; no
-orphan held a lock after a kill; every compared file equal. Not yet run on a real model.
+orphan held a lock after a kill; every compared file equal. Aimed, 2026-12-08, same box and
+settings with `--per_stage 1` instead of `--kills 8`: reference 222 s, soak 434 s; 11 kills, one in
+each of 01, 02, 03, 04, both RL arms at once, the four 07 evaluations and 08, and one between
+stages (aimed at 00, which had finished: 00 runs for 0.04 s); no orphan; every compared file equal.
+Not yet run on a real model.
 """
 from __future__ import annotations
 
