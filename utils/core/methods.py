@@ -105,7 +105,7 @@ def defining_flags(alg) -> dict:
     """The settings of an AlgorithmConfig that say which method it is, as (setting, value) by flag:
     rl and sft on or off, how the SFT term is weighted (RED or CHORD) where RL has one, RED weighting
     on (G > 1) or off (G = 1), CHORD's φ, the matched weight, the policy loss, red_paper's offline
-    traces, SRFT and whether it trains wrong rollouts, ReLIFT's buffer, where RL starts
+    traces, SRFT and whether it trains wrong rollouts, where RL starts
     (the warmup or the base), RLOO's advantage, and each method file's `enabled`
     (utils/core/method_files.py)."""
     both = alg.rl.enabled and alg.sft.enabled

@@ -181,7 +181,7 @@ def aggregate(agg: "str | Agg", x: torch.Tensor, mask: torch.Tensor) -> torch.Te
 # ---------------------------------------------------------------- policy loss, KL, entropy, SFT
 
 
-def _ppo_clip_tokens(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_low: float,
+def ppo_clip_tokens(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_low: float,
                      clip_high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(per-token loss, clipped-mask, ratio), all [B, T]: max(-A·r, -A·clip(r, 1-clip_low, 1+clip_high))."""
     ratio = torch.exp(logp - old_logp)  # [B, T]
@@ -202,7 +202,7 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
     Per token: w·max(-A·r, -A·clip(r, 1-clip_low, 1+clip_high)), r = exp(logp - old_logp).
     Returns (scalar loss, {"clip_frac", "ratio_mean"}) with stats over trained tokens.
     """
-    per_token, was_clipped, ratio = _ppo_clip_tokens(logp, old_logp, adv, clip_low, clip_high)
+    per_token, was_clipped, ratio = ppo_clip_tokens(logp, old_logp, adv, clip_low, clip_high)
     if is_weight is not None:
         per_token = per_token * is_weight
     with torch.no_grad():
@@ -346,7 +346,7 @@ def red_paper_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor
     the other rows are rollouts with PPO-clip. One aggregation (`agg`) over all trained tokens, so an
     expert sequence is length-normalised exactly like a rollout. Returns (loss, {"clip_frac",
     "ratio_mean" over rollout tokens, "offline_ratio_mean" over expert tokens})."""
-    online_tokens, was_clipped, ratio = _ppo_clip_tokens(logp, old_logp, adv, clip_low, clip_high)
+    online_tokens, was_clipped, ratio = ppo_clip_tokens(logp, old_logp, adv, clip_low, clip_high)
     expert_ratio = offline_ratio(logp, accuracy, shift)
     off = offline[:, None]
     per_token = torch.where(off, -adv[:, None] * expert_ratio, online_tokens)

@@ -23,7 +23,7 @@ import torch
 
 from utils.core.errors import StageError
 from utils.train.batch import RlBatch
-from utils.train.losses import aggregate, agg_token_mean
+from utils.train.losses import aggregate, agg_token_mean, ppo_clip_tokens
 from utils.train.red_paper import ExpertTraces
 
 SETTINGS = {  # algorithm.luffy, read by the config's schema from this text
@@ -45,12 +45,11 @@ def luffy_loss(part: RlBatch, logp: torch.Tensor, old_lp: torch.Tensor, agg, cfg
     `agg` over every trained token. `cfg`: the run's algorithm.luffy, `rl` its algorithm.rl."""
     off = part.offline if part.offline is not None else torch.zeros_like(part.adv, dtype=torch.bool)
     adv = part.adv[:, None]
-    ratio = torch.exp(logp - old_lp)
-    online = -adv * ratio
-    clipped = torch.zeros_like(online, dtype=torch.bool)
     if cfg.clip_rollouts:
-        bounded = -adv * torch.clamp(ratio, 1 - rl.clip_low, 1 + rl.clip_high)
-        clipped, online = bounded > online, torch.maximum(online, bounded)
+        online, clipped, ratio = ppo_clip_tokens(logp, old_lp, part.adv, rl.clip_low, rl.clip_high)
+    else:
+        ratio = torch.exp(logp - old_lp)
+        online, clipped = -adv * ratio, torch.zeros_like(ratio, dtype=torch.bool)
     p = torch.exp(logp)
     shaped = p / (p + cfg.shape)
     per_token = torch.where(off[:, None], -adv * shaped, online)
